@@ -1,0 +1,42 @@
+"""Pytest set-up shared by every test: GPU detection, the backend option, markers."""
+
+import functools
+
+import pytest
+
+
+@functools.cache
+def gpu_available() -> bool:
+    """True when a CUDA device can be used. getDeviceCount raises (not 0) without a driver."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--backend", choices=("auto", "gpu", "interpreter"), default="auto",
+        help="where kernels run in the property suite: the GPU, the CPU tile interpreter, "
+             "or auto (GPU if one is present, else the interpreter)")
+
+
+@pytest.fixture(scope="session")
+def backend(request) -> str:
+    """'gpu' or 'interpreter': the backend the kernels under test run on."""
+    choice = request.config.getoption("--backend")
+    if choice == "auto":
+        return "gpu" if gpu_available() else "interpreter"
+    if choice == "gpu" and not gpu_available():
+        pytest.exit("--backend gpu was asked for but no CUDA device is available", returncode=4)
+    return choice
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (none found)")
+    for item in items:
+        if item.get_closest_marker("gpu") or item.get_closest_marker("benchmark"):
+            item.add_marker(skip)

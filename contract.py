@@ -1,0 +1,260 @@
+"""The layout contract of the SSD forward, written once.
+
+Every tensor's shape is named here with the project's dimension names
+(batch, seqlen, nheads, headdim, ngroups, dstate, nchunks, chunk_size); the
+references, the kernels' launchers and the property strategies all validate
+their arguments through the checkers below, so a shape means the same thing
+everywhere and bad input fails the same way everywhere: a ``ValueError`` or
+``TypeError`` naming the argument, before any computation or launch.
+
+The checkers only read ``.shape``/``.dtype``/``.ndim`` of their arguments (NumPy,
+CuPy and torch arrays all qualify); value checks read small per-head vectors only
+(``A``, ``dt_bias``, ``D``), never the big activations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# Shapes of every tensor, by dimension name. D also accepts ("nheads",).
+SHAPES = {
+    "x": ("batch", "seqlen", "nheads", "headdim"),
+    "dt": ("batch", "seqlen", "nheads"),
+    "A": ("nheads",),
+    "B": ("batch", "seqlen", "ngroups", "dstate"),
+    "C": ("batch", "seqlen", "ngroups", "dstate"),
+    "D": ("nheads", "headdim"),
+    "z": ("batch", "seqlen", "nheads", "headdim"),
+    "dt_bias": ("nheads",),
+    "initial_states": ("batch", "nheads", "headdim", "dstate"),
+    "seq_idx": ("batch", "seqlen"),
+    # chunk_cumsum outputs; dA_cumsum is in log2 units (natural log * log2(e))
+    "dt_out": ("batch", "nheads", "nchunks", "chunk_size"),
+    "dA_cumsum": ("batch", "nheads", "nchunks", "chunk_size"),
+    # fwd_pass_state outputs: the state entering every chunk, and after the last token
+    "chunk_states": ("batch", "nchunks", "nheads", "headdim", "dstate"),
+    "final_states": ("batch", "nheads", "headdim", "dstate"),
+    "y": ("batch", "seqlen", "nheads", "headdim"),
+}
+
+CHUNK_SIZES = (16, 32, 64, 128, 256)
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class Dims:
+    batch: int
+    seqlen: int
+    nheads: int
+    headdim: int
+    ngroups: int
+    dstate: int
+    chunk_size: int | None = None
+
+    @property
+    def nchunks(self) -> int:
+        return -(-self.seqlen // self.chunk_size)
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.nheads // self.ngroups
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The contract shape of tensor `name` for these dimensions."""
+        return tuple(getattr(self, d) for d in SHAPES[name])
+
+
+def dtype_name(a) -> str:
+    """'float32', 'bfloat16', ... for NumPy, CuPy and torch arrays alike."""
+    return str(a.dtype).removeprefix("torch.")
+
+
+def _shape(name, a, rank):
+    if a is None or not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise TypeError(f"{name} must be an array, got {type(a).__name__}")
+    shape = tuple(int(s) for s in a.shape)
+    if len(shape) != rank:
+        raise ValueError(f"{name} must have {rank} dimensions {SHAPES.get(name, '')}, got shape {shape}")
+    return shape
+
+
+def _expect(name, a, expected: tuple[int, ...], dims: tuple[str, ...] | None = None):
+    shape = _shape(name, a, len(expected))
+    if shape != tuple(expected):
+        named = dims or SHAPES[name]
+        want = ", ".join(f"{d}={v}" for d, v in zip(named, expected))
+        raise ValueError(f"{name} must have shape ({want}), got {shape}")
+
+
+def _float(name, a, allowed):
+    dt = dtype_name(a)
+    if dt not in allowed:
+        raise TypeError(f"{name} must have a floating dtype in {allowed}, got {dt}")
+
+
+def _host_vector(a) -> np.ndarray:
+    """A small per-head vector as a float64 NumPy array (copies from the GPU if needed)."""
+    if hasattr(a, "get"):  # cupy
+        a = a.get()
+    elif hasattr(a, "detach"):  # torch
+        a = a.detach().float().cpu().numpy()
+    return np.asarray(a, dtype=np.float64)
+
+
+def check_chunk_size(chunk_size) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
+        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
+    if int(chunk_size) not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
+    return int(chunk_size)
+
+
+def check_dt_limit(dt_limit) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in dt_limit)
+    except (TypeError, ValueError):
+        raise TypeError(f"dt_limit must be a pair of floats (lo, hi), got {dt_limit!r}") from None
+    if math.isnan(lo) or math.isnan(hi) or lo < 0.0 or lo > hi:
+        raise ValueError(f"dt_limit must satisfy 0 <= lo <= hi, got {dt_limit!r}")
+    return lo, hi
+
+
+def check_A(A, nheads: int):
+    _expect("A", A, (nheads,))
+    a = _host_vector(A)
+    if not np.all(np.isfinite(a)):
+        raise ValueError("A must be finite")
+    if not np.all(a < 0):
+        raise ValueError(f"A must be < 0 for every head (decays); got max {float(a.max())!r}")
+
+
+def check_finite_vector(name, v):
+    if not np.all(np.isfinite(_host_vector(v))):
+        raise ValueError(f"{name} must be finite")
+
+
+def check_seq_idx(seq_idx, batch: int, seqlen: int):
+    _expect("seq_idx", seq_idx, (batch, seqlen))
+    if dtype_name(seq_idx) not in ("int32", "int64"):
+        raise TypeError(f"seq_idx must be int32 (or int64), got {dtype_name(seq_idx)}")
+
+
+def _check_D_z(D, z, dims: Dims, float_dtypes):
+    if D is not None:
+        if getattr(D, "ndim", None) == 1:
+            _expect("D", D, (dims.nheads,), ("nheads",))
+        else:
+            _expect("D", D, dims.shape("D"))
+        _float("D", D, float_dtypes)
+        check_finite_vector("D", D)
+    if z is not None:
+        _expect("z", z, dims.shape("z"))
+        _float("z", z, float_dtypes)
+
+
+def check_forward_args(x, dt, A, B, C, chunk_size=None, *, D=None, z=None, dt_bias=None,
+                       initial_states=None, seq_idx=None, dt_limit=(0.0, math.inf),
+                       float_dtypes=FLOAT_DTYPES) -> Dims:
+    """Validate the arguments of the whole forward; return its dimensions.
+
+    `chunk_size=None` means the caller has no chunks (the recurrent and quadratic forms).
+    """
+    batch, seqlen, nheads, headdim = _shape("x", x, 4)
+    if min(batch, seqlen, nheads, headdim) < 1:
+        raise ValueError(f"x must have no empty dimension, got shape {tuple(x.shape)}")
+    _float("x", x, float_dtypes)
+    _expect("dt", dt, (batch, seqlen, nheads))
+    _float("dt", dt, float_dtypes)
+    _shape("B", B, 4)
+    if int(B.shape[0]) != batch or int(B.shape[1]) != seqlen:
+        raise ValueError(f"B must have shape (batch={batch}, seqlen={seqlen}, ngroups, dstate), "
+                         f"got {tuple(B.shape)}")
+    ngroups, dstate = int(B.shape[2]), int(B.shape[3])
+    if ngroups < 1 or dstate < 1:
+        raise ValueError(f"B must have no empty dimension, got shape {tuple(B.shape)}")
+    if nheads % ngroups != 0:
+        raise ValueError(f"nheads ({nheads}) must be divisible by ngroups ({ngroups}, from B)")
+    _float("B", B, float_dtypes)
+    dims = Dims(batch, seqlen, nheads, headdim, ngroups, dstate,
+                None if chunk_size is None else check_chunk_size(chunk_size))
+    _expect("C", C, dims.shape("C"))
+    _float("C", C, float_dtypes)
+    check_A(A, nheads)
+    _check_D_z(D, z, dims, float_dtypes)
+    if dt_bias is not None:
+        _expect("dt_bias", dt_bias, (nheads,))
+        _float("dt_bias", dt_bias, float_dtypes)
+        check_finite_vector("dt_bias", dt_bias)
+    if initial_states is not None:
+        _expect("initial_states", initial_states, dims.shape("initial_states"))
+        _float("initial_states", initial_states, float_dtypes)
+    if seq_idx is not None:
+        check_seq_idx(seq_idx, batch, seqlen)
+    check_dt_limit(dt_limit)
+    return dims
+
+
+def check_chunk_cumsum_args(dt, A, chunk_size, *, dt_bias=None, dt_limit=(0.0, math.inf),
+                            float_dtypes=FLOAT_DTYPES) -> tuple[int, int, int, int]:
+    """Validate chunk_cumsum's arguments; return (batch, seqlen, nheads, chunk_size)."""
+    batch, seqlen, nheads = _shape("dt", dt, 3)
+    if min(batch, seqlen, nheads) < 1:
+        raise ValueError(f"dt must have no empty dimension, got shape {tuple(dt.shape)}")
+    _float("dt", dt, float_dtypes)
+    chunk_size = check_chunk_size(chunk_size)
+    check_A(A, nheads)
+    if dt_bias is not None:
+        _expect("dt_bias", dt_bias, (nheads,))
+        _float("dt_bias", dt_bias, float_dtypes)
+        check_finite_vector("dt_bias", dt_bias)
+    check_dt_limit(dt_limit)
+    return batch, seqlen, nheads, chunk_size
+
+
+def _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes) -> Dims:
+    batch, seqlen, nheads, headdim = _shape("x", x, 4)
+    _float("x", x, float_dtypes)
+    _shape("B", B, 4)
+    ngroups, dstate = int(B.shape[2]), int(B.shape[3])
+    if tuple(int(s) for s in B.shape[:2]) != (batch, seqlen):
+        raise ValueError(f"B must have shape (batch={batch}, seqlen={seqlen}, ngroups, dstate), "
+                         f"got {tuple(B.shape)}")
+    if ngroups < 1 or nheads % ngroups != 0:
+        raise ValueError(f"nheads ({nheads}) must be divisible by ngroups ({ngroups}, from B)")
+    _float("B", B, float_dtypes)
+    _shape("dt_out", dt_out, 4)
+    chunk_size = check_chunk_size(int(dt_out.shape[3]))
+    dims = Dims(batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
+    _expect("dt_out", dt_out, dims.shape("dt_out"))
+    _float("dt_out", dt_out, float_dtypes)
+    _expect("dA_cumsum", dA_cumsum, dims.shape("dA_cumsum"))
+    _float("dA_cumsum", dA_cumsum, float_dtypes)
+    return dims
+
+
+def check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, *, initial_states=None, seq_idx=None,
+                              float_dtypes=FLOAT_DTYPES) -> Dims:
+    dims = _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes)
+    if initial_states is not None:
+        _expect("initial_states", initial_states, dims.shape("initial_states"))
+        _float("initial_states", initial_states, float_dtypes)
+    if seq_idx is not None:
+        check_seq_idx(seq_idx, dims.batch, dims.seqlen)
+    return dims
+
+
+def check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, *, D=None, z=None,
+                           seq_idx=None, float_dtypes=FLOAT_DTYPES) -> Dims:
+    dims = _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes)
+    _expect("C", C, dims.shape("C"))
+    _float("C", C, float_dtypes)
+    _expect("chunk_states", chunk_states, dims.shape("chunk_states"))
+    _float("chunk_states", chunk_states, float_dtypes)
+    _check_D_z(D, z, dims, float_dtypes)
+    if seq_idx is not None:
+        check_seq_idx(seq_idx, dims.batch, dims.seqlen)
+    return dims
