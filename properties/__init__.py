@@ -1,0 +1,1 @@
+"""Hypothesis strategies and properties of the SSD forward kernels."""
