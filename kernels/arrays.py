@@ -1,0 +1,162 @@
+"""Array types and launch dispatch shared by the launchers.
+
+The launchers accept NumPy arrays (the kernels then run on the CPU tile interpreter,
+`kernels.interpreter`), CuPy arrays or torch CUDA tensors (the kernels run on the GPU with
+`ct.launch`, on the caller's current stream). All array arguments of one call must be of one kind
+and on one device; outputs are of that kind. The grid, tile sizes and specializations are chosen
+by the launchers once, whatever the backend: this module only moves arrays and launches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+
+import cuda.tile as ct
+
+# Outputs are allocated uninitialized; tests set a fill value (NaN) so that an element a kernel
+# fails to write cannot pass unnoticed.
+_OUTPUT_FILL: float | None = None
+
+
+@contextlib.contextmanager
+def outputs_filled_with(value: float):
+    """Within the block, every output the launchers allocate is filled with `value` first."""
+    global _OUTPUT_FILL
+    previous, _OUTPUT_FILL = _OUTPUT_FILL, value
+    try:
+        yield
+    finally:
+        _OUTPUT_FILL = previous
+
+
+def _kind(a) -> str:
+    """'numpy', 'cupy' or 'torch' for a supported array; TypeError for anything else."""
+    module = type(a).__module__.split(".")[0]
+    if isinstance(a, np.ndarray):
+        return "numpy"
+    if module == "cupy":
+        return "cupy"
+    if module == "torch":
+        if not a.is_cuda:
+            raise TypeError("a torch CPU tensor is not supported: pass a CUDA tensor (GPU) or a "
+                            "NumPy array (CPU interpreter)")
+        return "torch"
+    raise TypeError(f"unsupported array type {type(a).__name__}")
+
+
+def _device(kind: str, a):
+    if kind == "cupy":
+        return a.device.id
+    if kind == "torch":
+        return a.device.index
+    return None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where one call runs: the array kind of its arguments and, for GPU arrays, the device."""
+
+    kind: str  # 'numpy' (CPU interpreter), 'cupy' or 'torch' (GPU)
+    device: int | None
+
+    @property
+    def xp(self):
+        if self.kind == "cupy":
+            import cupy
+            return cupy
+        if self.kind == "torch":
+            import torch
+            return torch
+        return np
+
+    def contiguous_float32(self, a):
+        """`a` as a C-contiguous float32 array of the same kind (no copy when it already is)."""
+        if self.kind == "torch":
+            return a.to(dtype=self.xp.float32).contiguous()
+        return self.xp.ascontiguousarray(a, dtype=self.xp.float32)
+
+    def empty(self, shape: tuple[int, ...]):
+        """A new float32 output array (filled with the test fill value, if one is set)."""
+        if self.kind == "torch":
+            out = self.xp.empty(shape, dtype=self.xp.float32, device=f"cuda:{self.device}")
+        else:
+            out = self.xp.empty(shape, dtype=self.xp.float32)
+        if _OUTPUT_FILL is not None:
+            out[...] = _OUTPUT_FILL
+        return out
+
+    def segment_ids(self, seq_idx):
+        """(batch, seqlen) int32 segment ids: the count of changes of seq_idx up to each token.
+
+        The state resets wherever seq_idx changes, whatever its values, so the kernels compare
+        these ids for equality: equal ids <=> no change in between.
+        """
+        xp = self.xp
+        changed = seq_idx[:, 1:] != seq_idx[:, :-1]
+        if self.kind == "torch":
+            counts = xp.cumsum(changed.to(xp.int32), dim=1, dtype=xp.int32)
+            zero = xp.zeros((seq_idx.shape[0], 1), dtype=xp.int32, device=seq_idx.device)
+            return xp.cat([zero, counts], dim=1).contiguous()
+        counts = xp.cumsum(changed, axis=1, dtype=xp.int32)
+        zero = xp.zeros((seq_idx.shape[0], 1), dtype=xp.int32)
+        return xp.ascontiguousarray(xp.concatenate([zero, counts], axis=1))
+
+    def launch(self, grid: tuple[int, int, int], kernel, args: tuple):
+        """Run `kernel` over `grid`: on the interpreter for NumPy, else on the current stream."""
+        if self.kind == "numpy":
+            from kernels import interpreter
+            interpreter.launch(grid, kernel, args)
+        elif self.kind == "cupy":
+            import cupy
+            with cupy.cuda.Device(self.device):
+                ct.launch(cupy.cuda.get_current_stream(), grid, kernel, args)
+        else:
+            import torch
+            with torch.cuda.device(self.device):
+                ct.launch(torch.cuda.current_stream(), grid, kernel, args)
+
+
+def backend_of(**arrays) -> Backend:
+    """The one backend of the named arrays (None entries skipped).
+
+    Raises TypeError naming the first argument whose kind or device differs from the others'.
+    """
+    first = None
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        try:
+            kind = _kind(a)
+        except TypeError as e:
+            raise TypeError(f"{name}: {e}") from None
+        backend = Backend(kind, _device(kind, a))
+        if first is None:
+            first = (name, backend)
+        elif backend != first[1]:
+            where = lambda b: b.kind if b.device is None else f"{b.kind} on device {b.device}"
+            raise TypeError(f"{name} is a {where(backend)} array but {first[0]} is a "
+                            f"{where(first[1])} array: all arrays must be of one kind and device")
+    return first[1]
+
+
+
+# The grid's 2nd and 3rd axes (nheads, batch in every launcher) are limited to 65535 by CUDA.
+GRID_YZ_MAX = 65535
+
+
+def check_grid(batch: int, nheads: int):
+    if batch > GRID_YZ_MAX:
+        raise ValueError(f"batch must be <= {GRID_YZ_MAX} (a grid axis), got {batch}")
+    if nheads > GRID_YZ_MAX:
+        raise ValueError(f"nheads must be <= {GRID_YZ_MAX} (a grid axis), got {nheads}")
+
+
+def pow2_tile(n: int, lo: int = 1, hi: int | None = None) -> int:
+    """The tile extent covering `n` elements: the next power of two (cuTile tile dimensions are
+    powers of two), at least `lo` and, when `hi` is given, at most `hi` (then a loop or the grid
+    covers the rest)."""
+    t = max(lo, 1 << max(0, (n - 1).bit_length()))
+    return t if hi is None else min(t, hi)

@@ -1,0 +1,88 @@
+"""chunk_cumsum: the processed step size and the in-chunk decay cumsum, in log2 units."""
+
+from __future__ import annotations
+
+import math
+
+import cuda.tile as ct
+
+from contract import Dims, check_chunk_cumsum_args, check_dt_limit
+from kernels.arrays import backend_of, check_grid, pow2_tile
+
+LOG2E = 1.4426950408889634  # log2(e): dA_cumsum is in log2 units so later exponentials are exp2
+SOFTPLUS_THRESHOLD = 20.0  # softplus(v) = v above it (as mamba_ssm and the reference)
+
+# Heads per program: a [CHUNK, BLOCK_H] tile; 16 heads x 256 tokens is 16 KiB of fp32.
+MAX_BLOCK_H = 16
+
+
+@ct.kernel
+def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.IndexedWithInt64,
+                         dA_cumsum: ct.IndexedWithInt64,
+                         CHUNK: ct.Constant[int], BLOCK_H: ct.Constant[int],
+                         HAS_DT_BIAS: ct.Constant[bool], DT_SOFTPLUS: ct.Constant[bool],
+                         DT_MIN: ct.Constant[float], DT_MAX: ct.Constant[float]):
+    """One program: dt_out and dA_cumsum of chunk bid(0) for heads block bid(1) of batch bid(2)."""
+    c = ct.bid(0)
+    hb = ct.bid(1)
+    b = ct.bid(2)
+    seqlen = dt.shape[1]
+    v = ct.load(dt, (b, c, hb), shape=(1, CHUNK, BLOCK_H), padding_mode=ct.PaddingMode.ZERO)
+    v = ct.reshape(v, (CHUNK, BLOCK_H))  # [CHUNK, BLOCK_H]
+    if HAS_DT_BIAS:
+        bias = ct.load(dt_bias, (hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
+        v = v + ct.reshape(bias, (1, BLOCK_H))
+    if DT_SOFTPLUS:
+        # log1p(e) as log(1 + e) * e / ((1 + e) - 1) (Goldberg): accurate also where 1 + e
+        # rounds to 1 (v very negative), where it is e itself. The selects keep the unused
+        # branches finite: e is formed only for v <= threshold, the quotient only where 1 + e > 1.
+        e = ct.exp(ct.minimum(v, SOFTPLUS_THRESHOLD))
+        s = 1.0 + e
+        grown = s > 1.0
+        log1p_e = ct.where(grown, ct.log(s) * e / ct.where(grown, s - 1.0, 1.0), e)
+        v = ct.where(v > SOFTPLUS_THRESHOLD, v, log1p_e)
+    v = ct.minimum(ct.maximum(v, DT_MIN), DT_MAX)
+    # the padding of a short last chunk: dt_out = 0 there, so dA_cumsum stays flat
+    t = ct.reshape(c * CHUNK + ct.arange(CHUNK, dtype=ct.int32), (CHUNK, 1))
+    v = ct.where(t < seqlen, v, 0.0)
+    a = ct.load(A, (hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
+    a = ct.reshape(a * LOG2E, (1, BLOCK_H))
+    dA = ct.cumsum(v * a, axis=0)  # [CHUNK, BLOCK_H]: every term <= 0, non-increasing
+    # stored as (batch, nheads, nchunks, chunk_size); heads past nheads are masked by the store
+    ct.store(dt_out, (b, hb, c, 0), ct.reshape(ct.transpose(v), (1, BLOCK_H, 1, CHUNK)))
+    ct.store(dA_cumsum, (b, hb, c, 0), ct.reshape(ct.transpose(dA), (1, BLOCK_H, 1, CHUNK)))
+
+
+def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit):
+    """(grid, kernel args) of _chunk_cumsum_kernel: the one place its tiles are chosen.
+
+    Reads only shapes, so the compile gate derives its signatures from here too.
+    """
+    batch, _, nheads = (int(s) for s in dt.shape)
+    chunk_size, nchunks = int(dt_out.shape[3]), int(dt_out.shape[2])
+    block_h = pow2_tile(nheads, hi=MAX_BLOCK_H)
+    lo, hi = dt_limit
+    grid = (nchunks, -(-nheads // block_h), batch)
+    args = (dt, A, A if dt_bias is None else dt_bias, dt_out, dA_cumsum,
+            chunk_size, block_h, dt_bias is not None, bool(dt_softplus), float(lo), float(hi))
+    return grid, args
+
+
+def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf)):
+    """(dt_out, dA_cumsum), both (batch, nheads, nchunks, chunk_size) float32, of the caller's
+    array type: dt <- clamp(softplus?(dt + dt_bias), dt_limit), zero beyond seqlen, and its
+    in-chunk cumulative decay dt * A in log2 units."""
+    backend = backend_of(dt=dt, A=A, dt_bias=dt_bias)
+    batch, seqlen, nheads, chunk_size = check_chunk_cumsum_args(
+        dt, A, chunk_size, dt_bias=dt_bias, dt_limit=dt_limit, float_dtypes=("float32",))
+    dt_limit = check_dt_limit(dt_limit)
+    check_grid(batch, nheads)
+    dt, A = backend.contiguous_float32(dt), backend.contiguous_float32(A)
+    if dt_bias is not None:
+        dt_bias = backend.contiguous_float32(dt_bias)
+    dims = Dims(batch, seqlen, nheads, 1, 1, 1, chunk_size)
+    dt_out = backend.empty(dims.shape("dt_out"))
+    dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
+    grid, args = chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit)
+    backend.launch(grid, _chunk_cumsum_kernel, args)
+    return dt_out, dA_cumsum

@@ -1,0 +1,119 @@
+"""fwd_pass_state: the state entering every chunk, by the jump formula, one product per chunk."""
+
+from __future__ import annotations
+
+import cuda.tile as ct
+
+from contract import check_fwd_pass_state_args
+from kernels.arrays import backend_of, check_grid, pow2_tile
+
+# Tile sizes (launcher-chosen constants, so performance work can tune them here):
+# the state slice of one program is [BLOCK_P, BLOCK_N]; the chunk's tokens are consumed
+# BLOCK_K at a time (one mma per BLOCK_K tokens: one per chunk up to chunk 64).
+MAX_BLOCK_P = 64
+MAX_BLOCK_N = 64
+MAX_BLOCK_K = 64
+MMA_MIN = 16  # smallest tile extent fed to ct.mma; smaller dimensions are zero padded up to it
+
+
+@ct.kernel
+def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
+                           dt_out: ct.IndexedWithInt64, dA_cumsum: ct.IndexedWithInt64,
+                           initial_states: ct.IndexedWithInt64, seg: ct.IndexedWithInt64,
+                           chunk_states: ct.IndexedWithInt64, final_states: ct.IndexedWithInt64,
+                           CHUNK: ct.Constant[int], BLOCK_K: ct.Constant[int],
+                           BLOCK_P: ct.Constant[int], BLOCK_N: ct.Constant[int],
+                           HAS_INITIAL_STATES: ct.Constant[bool], HAS_SEQ_IDX: ct.Constant[bool]):
+    """One program: the state slice [BLOCK_P, BLOCK_N] of one (batch, head) through every chunk;
+    grid (headdim blocks x dstate blocks, nheads, batch)."""
+    pn = ct.bid(0)
+    h = ct.bid(1)
+    b = ct.bid(2)
+    seqlen = x.shape[1]
+    nchunks = dt_out.shape[2]
+    n_blocks = ct.cdiv(B.shape[3], BLOCK_N)
+    pb = pn // n_blocks
+    nb = pn % n_blocks
+    g = h // (x.shape[2] // B.shape[2])  # the group head h reads
+    K_PER_CHUNK = CHUNK // BLOCK_K
+
+    if HAS_INITIAL_STATES:
+        S = ct.load(initial_states, (b, h, pb, nb), shape=(1, 1, BLOCK_P, BLOCK_N),
+                    padding_mode=ct.PaddingMode.ZERO)
+        S = ct.reshape(S, (BLOCK_P, BLOCK_N))
+    else:
+        S = ct.zeros((BLOCK_P, BLOCK_N), dtype=ct.float32)
+    seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
+    for c in range(nchunks):
+        ct.store(chunk_states, (b, c, h, pb, nb), ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)))
+        # a_last: the decay over the whole chunk (flat over a short chunk's padding)
+        a_last = ct.reshape(ct.load(dA_cumsum, (b, h, c, CHUNK - 1), shape=(1, 1, 1, 1)), (1, 1))
+        carry = ct.exp2(ct.minimum(a_last, 0.0))  # clamp: rounding must not make it > 1
+        if HAS_SEQ_IDX:
+            # the state handed on belongs to the segment of the chunk's last real token
+            last = ct.minimum(c * CHUNK + (CHUNK - 1), seqlen - 1)
+            seg_last = ct.load(seg, (b, last), shape=(1, 1))
+            carry = ct.where(seg_last == seg_before, carry, 0.0)
+            seg_before = seg_last
+        acc = S * carry  # [BLOCK_P, BLOCK_N]
+        # token blocks that hold real tokens (a block wholly past seqlen must not be loaded)
+        k_blocks = ct.minimum(K_PER_CHUNK, ct.cdiv(seqlen - c * CHUNK, BLOCK_K))
+        for k in range(k_blocks):
+            tb = c * K_PER_CHUNK + k
+            xk = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_K, 1, BLOCK_P),
+                         padding_mode=ct.PaddingMode.ZERO)
+            xk = ct.reshape(xk, (BLOCK_K, BLOCK_P))
+            Bk = ct.load(B, (b, tb, g, nb), shape=(1, BLOCK_K, 1, BLOCK_N),
+                         padding_mode=ct.PaddingMode.ZERO)
+            Bk = ct.reshape(Bk, (BLOCK_K, BLOCK_N))
+            ak = ct.reshape(ct.load(dA_cumsum, (b, h, c, k), shape=(1, 1, 1, BLOCK_K)), (BLOCK_K, 1))
+            dtk = ct.reshape(ct.load(dt_out, (b, h, c, k), shape=(1, 1, 1, BLOCK_K)), (BLOCK_K, 1))
+            # w_s = dt_s * 2^(a_last - a_s); the exponent is <= 0 up to rounding: clamped
+            w = dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))  # [BLOCK_K, 1]
+            if HAS_SEQ_IDX:
+                sk = ct.load(seg, (b, tb), shape=(1, BLOCK_K), padding_mode=ct.PaddingMode.ZERO)
+                w = ct.where(ct.reshape(sk, (BLOCK_K, 1)) == seg_last, w, 0.0)
+            # [BLOCK_P, BLOCK_K] @ [BLOCK_K, BLOCK_N], TF32 operands, fp32 accumulator
+            acc = ct.mma(ct.transpose(xk).astype(ct.tfloat32), (Bk * w).astype(ct.tfloat32), acc)
+        S = acc
+    ct.store(final_states, (b, h, pb, nb), ct.reshape(S, (1, 1, BLOCK_P, BLOCK_N)))
+
+
+def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states, final_states):
+    """(grid, kernel args) of _fwd_pass_state_kernel: the one place its tiles are chosen.
+
+    Reads only shapes, so the compile gate derives its signatures from here too. `seg` is the
+    (batch, seqlen) int32 segment ids, or None.
+    """
+    batch, _, nheads, headdim = (int(s) for s in x.shape)
+    dstate = int(B.shape[3])
+    chunk_size = int(dt_out.shape[3])
+    block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
+    block_n = pow2_tile(dstate, lo=MMA_MIN, hi=MAX_BLOCK_N)
+    block_k = min(chunk_size, MAX_BLOCK_K)
+    grid = (-(-headdim // block_p) * -(-dstate // block_n), nheads, batch)
+    args = (x, B, dt_out, dA_cumsum, x if initial_states is None else initial_states,
+            dt_out if seg is None else seg, chunk_states, final_states,
+            chunk_size, block_k, block_p, block_n, initial_states is not None, seg is not None)
+    return grid, args
+
+
+def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None):
+    """(chunk_states, final_states), float32, of the caller's array type: the state entering
+    every chunk, (batch, nchunks, nheads, headdim, dstate), and the state after the last token,
+    (batch, nheads, headdim, dstate)."""
+    backend = backend_of(x=x, B=B, dt_out=dt_out, dA_cumsum=dA_cumsum,
+                         initial_states=initial_states, seq_idx=seq_idx)
+    dims = check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, initial_states=initial_states,
+                                     seq_idx=seq_idx, float_dtypes=("float32",))
+    check_grid(dims.batch, dims.nheads)
+    x, B, dt_out, dA_cumsum = (backend.contiguous_float32(a) for a in (x, B, dt_out, dA_cumsum))
+    if initial_states is not None:
+        initial_states = backend.contiguous_float32(initial_states)
+    seg = None if seq_idx is None else backend.segment_ids(seq_idx)
+    chunk_states = backend.empty(dims.shape("chunk_states"))
+    final_states = backend.empty(dims.shape("final_states"))
+    grid, args = fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg,
+                                       chunk_states, final_states)
+    backend.launch(grid, _fwd_pass_state_kernel, args)
+    return chunk_states, final_states

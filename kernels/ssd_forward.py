@@ -1,0 +1,54 @@
+"""ssd_forward: the Mamba-2 SSD forward, the three kernels composed (drop-in for the forward of
+mamba_ssm's mamba_chunk_scan_combined, same argument order)."""
+
+from __future__ import annotations
+
+import math
+
+from contract import check_dt_limit, check_forward_args
+from kernels.arrays import backend_of, check_grid
+from kernels.chunk_cumsum import _chunk_cumsum_kernel, chunk_cumsum_launch
+from kernels.compute_out import _compute_out_kernel, compute_out_launch
+from kernels.fwd_pass_state import _fwd_pass_state_kernel, fwd_pass_state_launch
+
+
+def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
+                return_final_states=False):
+    """y (batch, seqlen, nheads, headdim), or (y, final_states) with return_final_states;
+    float32 arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the
+    GPU, on the current stream).
+
+    Every argument is checked before the first launch; then the three kernels run in order:
+    1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size)
+    2. fwd_pass_state: the state entering every chunk, and the final state
+    3. compute_out: y
+    """
+    backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                         initial_states=initial_states, seq_idx=seq_idx)
+    dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                              initial_states=initial_states, seq_idx=seq_idx, dt_limit=dt_limit,
+                              float_dtypes=("float32",))
+    dt_limit = check_dt_limit(dt_limit)
+    check_grid(dims.batch, dims.nheads)
+    x, dt, A, B, C, D, z, dt_bias, initial_states = (
+        None if a is None else backend.contiguous_float32(a)
+        for a in (x, dt, A, B, C, D, z, dt_bias, initial_states))
+    seg = None if seq_idx is None else backend.segment_ids(seq_idx)
+
+    # 1.
+    dt_out = backend.empty(dims.shape("dt_out"))
+    dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
+    grid, args = chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit)
+    backend.launch(grid, _chunk_cumsum_kernel, args)
+    # 2.
+    chunk_states = backend.empty(dims.shape("chunk_states"))
+    final_states = backend.empty(dims.shape("final_states"))
+    grid, args = fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg,
+                                       chunk_states, final_states)
+    backend.launch(grid, _fwd_pass_state_kernel, args)
+    # 3.
+    y = backend.empty(dims.shape("y"))
+    grid, args = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y)
+    backend.launch(grid, _compute_out_kernel, args)
+    return (y, final_states) if return_final_states else y
