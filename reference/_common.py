@@ -60,7 +60,8 @@ def segments(seq_idx, batch: int, seqlen: int) -> np.ndarray:
         return np.zeros((batch, seqlen), dtype=np.int64)
     seq_idx = np.asarray(seq_idx)
     changes = (seq_idx[:, 1:] != seq_idx[:, :-1]).astype(np.int64)
-    return np.concatenate([np.zeros((batch, 1), dtype=np.int64), np.cumsum(changes, axis=1)], axis=1)
+    first = np.zeros((batch, 1), dtype=np.int64)
+    return np.concatenate([first, np.cumsum(changes, axis=1)], axis=1)
 
 
 def to_chunks(a: np.ndarray, chunk_size: int, edge: bool = False) -> np.ndarray:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from contract import check_compute_out_args
-from reference._common import abs_or_none, f64, gate, group_to_head, segments, skip_and_gate, to_chunks
+from reference._common import (abs_or_none, f64, gate, group_to_head, segments, skip_and_gate,
+                               to_chunks)
 
 
 def compute_out_ref(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_idx=None):

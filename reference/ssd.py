@@ -42,7 +42,8 @@ def ssd_recurrent(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=N
     for t in range(dims.seqlen):
         if t > 0:
             H = np.where((seg[:, t] != seg[:, t - 1])[:, None, None, None], 0.0, H)
-        H = decay[:, t, :, None, None] * H + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :]
+        dtx = dt[:, t, :, None] * x[:, t]  # (batch, nheads, headdim)
+        H = decay[:, t, :, None, None] * H + dtx[..., None] * Bh[:, t, :, None, :]
         y[:, t] = np.einsum("bhpn,bhn->bhp", H, Ch[:, t])
     # 4.
     return skip_and_gate(y, x, D, z), H
@@ -59,7 +60,8 @@ def ssd_chunked(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                        initial_states=initial_states, seq_idx=seq_idx, dt_limit=dt_limit)
     dt_out, dA_cumsum = chunk_cumsum_ref(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
-    chunk_states, final_states = fwd_pass_state_ref(x, B, dt_out, dA_cumsum, initial_states, seq_idx)
+    chunk_states, final_states = fwd_pass_state_ref(x, B, dt_out, dA_cumsum, initial_states,
+                                                    seq_idx)
     y = compute_out_ref(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seq_idx)
     return y, final_states
 
