@@ -2,16 +2,136 @@
 
 The a-priori bound (spec, "Numerical facts"): with M the same forward computed in float64 on
 |x|, |B|, |C|, |D|, |initial_states| (decays and dt unchanged), a correct TF32 kernel satisfies,
-per element, |y - y_ref| <= KAPPA * U_TF32 * M.
+per element, |y - y_ref| <= kappa * u * M (+ the two small terms below), u = 2^-11.
+
+Derivation of kappa: count the roundings on every path from an input to an output
+------------------------------------------------------------------------------------
+Every term of y is a product of factors (C, B, dt, x, a decay 2^e; or C, a state, a decay; or
+D, x). A relative perturbation (1 + d) of one factor of every term moves y by at most |d| * M,
+because M is the sum of the same terms in absolute value. So per output element:
+
+    |y - y_ref| <= (sum over the roundings r on the worst path of |d_r|) * M
+
+TF32 operand roundings (|d| <= u = 2^-11 each; round to nearest, ct.astype(ct.tfloat32)):
+  compute_out, intra-chunk path:  C -> tf32, B -> tf32 (C B^T), (C B^T o L * dt) -> tf32,
+                                  x -> tf32 ((C B^T o L dt) x)                         4 roundings
+  compute_out, carried path:      C -> tf32, S -> tf32 (C S^T)                         2 roundings
+  fwd_pass_state, every increment: x -> tf32, (B * w) -> tf32 (x^T (B w))              2 roundings
+  end to end, carried path:       the state's own 2 (fwd_pass_state) + C S^T's 2       4 roundings
+  end to end, intra path:         as compute_out                                       4 roundings
+  skip term D x, z gate:          fp32 only                                            0
+So the TF32 part of kappa is 4 for compute_out and the forward, 2 for fwd_pass_state.
+
+fp32 work (unit u32 = 2^-24 = u / 8192), counted per path and added to kappa in units of u:
+  - additions in fp32 accumulators: at most n = seqlen (the state accumulates every token's
+    increment, each rounding's error decays with the state afterwards, so it stays <= u32 * M)
+    + chunk_size (the intra-chunk sum) + 2 * dstate (C B^T and C S^T) + 2 * nchunks (carry
+    products and the skip add) per output. Tensor cores do not promise IEEE round-to-nearest
+    in their accumulation (truncation in the alignment of the addends), so each addition gets
+    2 u32: 2 n u32.
+  - exp2 (ex2.approx: 2 ulp), the exponent difference a_t - a_s (1 rounding of a number <= 150 in
+    magnitude wherever the factor is not below fp32's range: relative error <= ln2 * 150 u32),
+    the products dt * 2^e, cb * L * dt, the dt processing (softplus, bias: C_DT u32, below):
+    FP32_FIXED = 256 u32 altogether, a generous count of the fixed chain.
+  kappa(stage, ...) = TF32 roundings + (2 n + FP32_FIXED) * u32 / u. At the ci profile's largest
+  sizes (seqlen 300, chunk 256, dstate 64) the fp32 part is 0.20; at (4096, 256, 256) it is 1.23.
+
+Two terms the relative count does not cover, both zero in ordinary cases:
+  - decay_term: the forward's dA_cumsum is itself an fp32 cumulative sum. Its error at token t
+    is <= gamma * |a_t| (gamma = (chunk_size + C_DT + 2) u32, any summation order, every addend of
+    one sign), so the exponent a_t - a_s of a term can be off by gamma * (2 Lambda + E), Lambda =
+    the largest in-chunk |a| and E = a_s - a_t >= 0 the true exponent (the carried path crosses
+    whole chunks, each adding its own gamma * |a_last| <= part of E). A relative exponent error
+    becomes the factor's relative error times ln 2. Summed over terms:
+        expm1(2 ln2 gamma Lambda) * M + gamma * sum_terms(m * 2^-E * E ln2) * e^(...)
+    and sum_terms(m 2^-E E ln2) = -dM/dlambda at lambda = 1 (M with every decay scaled by
+    lambda) <= (M(1 - eta) - M(1)) / eta since M is convex in lambda: one more magnitude run
+    with A * (1 - eta). Only decays of thousands per chunk make this term count; there it is
+    honest (fp32 cannot hold a_t - a_s better once |a_t| ~ 1e4).
+  - ftz_floor: anything under 2^-126 may be flushed to zero (spec). A flushed intermediate loses
+    < 2^-126 and is multiplied afterwards by at most the largest of the remaining factors:
+    FTZ_MIN * (seqlen + 1) * (dstate + 1) * prod(1 + max|factor|).
+
+A bf16 intermediate (u_bf16 = 2^-8 = 8 u) alone adds up to 8 u per term: the bound at kappa ~ 4.2
+leaves it no room (tests/test_properties.py and the mutants check that it is caught).
 """
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
 
 U_TF32 = 2.0 ** -11  # unit roundoff of a TF32 operand: 10-bit mantissa, round to nearest
 U_FP32 = 2.0 ** -24  # unit roundoff of fp32 arithmetic and accumulation
+U_BF16 = 2.0 ** -8  # unit roundoff of bfloat16 (what a precision regression would cost)
+FTZ_MIN = 2.0 ** -126  # smallest normal fp32: below it the GPU may flush to zero
 
-# Provisional (issue 3 says: take 8 until the property suite derives it from the roundings on each path).
-KAPPA = 8.0
+TF32_ROUNDINGS = {"fwd_pass_state": 2, "compute_out": 4, "forward": 4}
+
+# fp32 roundings per addition in an accumulator (tensor cores: 2 u32, see above)
+ACCUMULATION_U32 = 2
+# the fixed fp32 chain of a path (exp2, exponent difference, products, dt processing), in u32
+FP32_FIXED = 256
+# relative error of the processed dt in u32: bias add 1, exp(v) for v <= 20 (argument rounding
+# ln2 * 29 + 2 ulp = 22), log1p (Goldberg's form: the error of e passes with factor <= 1, + log,
+# product and quotient ~ 6), clamp exact: 32 with margin
+C_DT = 32
+# the step of the secant for -dM/dlambda (any eta in (0, 1) is an upper bound by convexity)
+DECAY_ETA = 1.0 / 16.0
 
 
-def tf32_bound(M):
+def accumulation_length(seqlen: int, chunk_size: int, dstate: int) -> int:
+    """The number n of fp32 additions on the longest path to one output (see the derivation)."""
+    nchunks = -(-seqlen // chunk_size)
+    return seqlen + chunk_size + 2 * dstate + 2 * nchunks
+
+
+def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int) -> float:
+    """kappa of `stage` ('forward', 'compute_out', 'fwd_pass_state') at these sizes."""
+    n = accumulation_length(seqlen, chunk_size, dstate)
+    return TF32_ROUNDINGS[stage] + (ACCUMULATION_U32 * n + FP32_FIXED) * U_FP32 / U_TF32
+
+
+# The constant for tests up to 4096 tokens, chunk 256 and dstate 256 (every kernel test of the
+# project stays inside); larger shapes take kappa(...) of their own sizes.
+KAPPA = kappa("forward", 4096, 256, 256)
+
+
+def tf32_bound(M, kappa_value: float = KAPPA):
     """Per-element bound on |y - y_ref| for a TF32 kernel, given the magnitude M."""
-    return KAPPA * U_TF32 * M
+    return kappa_value * U_TF32 * M
+
+
+def cumsum_gamma(chunk_size: int) -> float:
+    """Relative error bound of the kernel's dA_cumsum: |a_kernel - a| <= gamma * |a| per entry
+    (fp32 cumsum of chunk_size terms of one sign, any order: (chunk_size - 1) u32; each addend
+    dt * (A log2 e): dt's C_DT u32 and 2 products)."""
+    return (chunk_size - 1 + C_DT + 2) * U_FP32
+
+
+def chunk_cumsum_bound(dt_out_ref, dA_cumsum_ref, chunk_size: int):
+    """(bound on |dt_out - ref|, bound on |dA_cumsum - ref|), per element, for the kernel fed
+    fp32-exact dt, A, dt_bias: C_DT u32 relative on dt, cumsum_gamma relative on the cumsum."""
+    dt_bound = C_DT * U_FP32 * np.abs(dt_out_ref)
+    return dt_bound, cumsum_gamma(chunk_size) * np.abs(dA_cumsum_ref)
+
+
+def decay_term(M, M_weaker, chunk_size: int, max_chunk_decay: float):
+    """The forward's extra bound from the fp32 dA_cumsum (see the derivation).
+
+    `M_weaker`: the magnitude with every A scaled by (1 - DECAY_ETA); `max_chunk_decay`:
+    Lambda, the largest in-chunk |dA_cumsum| (log2 units) of the reference.
+    """
+    gamma = cumsum_gamma(chunk_size)
+    a = 2.0 * math.log(2.0) * gamma * max_chunk_decay
+    # E ln2 gamma <= 150 ln2 gamma wherever the factor is above fp32 range: e^that < 1.002
+    slope = np.maximum(M_weaker - M, 0.0) / DECAY_ETA
+    # 1.01: also the cross term with the TF32 roundings ((1 + kappa u)(1 + d) - 1)
+    return 1.01 * (math.expm1(a) * M + math.exp(a) * gamma * slope)
+
+
+def ftz_floor(seqlen: int, dstate: int, *factor_maxima: float) -> float:
+    """Absolute allowance for intermediates flushed to zero (see the derivation)."""
+    growth = math.prod(1.0 + float(f) for f in factor_maxima)
+    return FTZ_MIN * (seqlen + 1) * (dstate + 1) * growth
