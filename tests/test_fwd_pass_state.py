@@ -1,0 +1,34 @@
+"""fwd_pass_state against its float64 reference on the table of shapes, on both backends."""
+
+import numpy as np
+import pytest
+
+import reference as R
+from kernels import fwd_pass_state
+from kernels.arrays import outputs_filled_with
+from properties.bounds import KAPPA
+from shapes import BACKENDS, CASES, check_within, make_inputs, on_backend
+
+
+def stage_inputs(case):
+    """x, B (fp32 random) and the reference's dt_out, dA_cumsum rounded to fp32: the kernel and
+    the reference then read identical inputs."""
+    kw = make_inputs(case)
+    steps = {k: kw[k] for k in ("dt_bias", "dt_softplus", "dt_limit") if k in kw}
+    dt_out, dA_cumsum = R.chunk_cumsum_ref(kw["dt"], kw["A"], case.chunk_size, **steps)
+    return kw, dt_out.astype(np.float32), dA_cumsum.astype(np.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", [c.param() for c in CASES])
+def test_fwd_pass_state_matches_reference(case, backend, request):
+    kw, dt_out, dA_cumsum = stage_inputs(case)
+    inputs = dict(x=kw["x"], B=kw["B"], dt_out=dt_out, dA_cumsum=dA_cumsum,
+                  initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
+    states_ref, final_ref = R.fwd_pass_state_ref(**inputs)
+    states_M, final_M = R.fwd_pass_state_magnitude(**inputs)
+    with outputs_filled_with(np.nan):
+        states, final = fwd_pass_state(**on_backend(backend, inputs))
+    assert states.shape == states_ref.shape and final.shape == final_ref.shape
+    check_within("chunk_states", states, states_ref, states_M, KAPPA, request.node.name)
+    check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name)

@@ -1,0 +1,161 @@
+"""ssd_forward against the float64 reference on the table of shapes, on both backends; array
+types, streams, non-contiguous inputs; a sequence of 2^20 tokens on the GPU."""
+
+import math
+
+import numpy as np
+import pytest
+
+import reference as R
+from kernels import ssd_forward
+from kernels.arrays import outputs_filled_with
+from properties.bounds import DECAY_ETA, KAPPA, decay_term, kappa
+from shapes import BACKENDS, CASES, Case, check_within, make_inputs, on_backend, to_numpy
+
+STEP_KEYS = ("dt_bias", "dt_softplus", "dt_limit")
+
+
+def expected(kw: dict):
+    """(y_ref, final_ref, y_M, final_M, y_extra, final_extra) for the inputs `kw`.
+
+    M as the spec defines it; extra = the bounds module's decay_term: the kernel's dA_cumsum is
+    an fp32 cumsum, the reference's float64 (it needs the magnitude with every A weakened by
+    DECAY_ETA, and the largest in-chunk decay)."""
+    cs = kw["chunk_size"]
+    y_ref, final_ref = R.ssd_chunked(**kw)
+    weaker = dict(kw, A=kw["A"] * (1.0 - DECAY_ETA))
+    steps = {k: kw[k] for k in STEP_KEYS if k in kw}
+
+    def final_magnitude(args):
+        dt_out, dA = R.chunk_cumsum_ref(args["dt"], args["A"], cs, **steps)
+        return R.fwd_pass_state_magnitude(args["x"], args["B"], dt_out, dA,
+                                          args.get("initial_states"), args.get("seq_idx"))[1], dA
+
+    final_M, dA_ref = final_magnitude(kw)
+    final_M_weaker, _ = final_magnitude(weaker)
+    y_M, y_M_weaker = R.ssd_magnitude(**kw), R.ssd_magnitude(**weaker)
+    lam = float(np.max(np.abs(dA_ref)))
+    return (y_ref, final_ref, y_M, final_M, decay_term(y_M, y_M_weaker, cs, lam),
+            decay_term(final_M, final_M_weaker, cs, lam))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", [c.param() for c in CASES])
+def test_ssd_forward_matches_reference(case, backend, request):
+    kw = make_inputs(case)
+    y_ref, final_ref, y_M, final_M, y_extra, final_extra = expected(kw)
+    with outputs_filled_with(np.nan):
+        y, final = ssd_forward(**on_backend(backend, kw), return_final_states=True)
+    assert y.shape == y_ref.shape and final.shape == final_ref.shape
+    check_within("y", y, y_ref, y_M, KAPPA, request.node.name, y_extra)
+    check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name, final_extra)
+
+
+SMALL = Case("small_all_options", 1, 70, 4, 8, 2, 8, 32, D="head", z=True, dt="softplus",
+             initial_states=True, seq_idx="sorted")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ssd_forward_returns_y_alone_by_default(backend):
+    kw = on_backend(backend, make_inputs(SMALL))
+    y = ssd_forward(**kw)
+    y2, _ = ssd_forward(**kw, return_final_states=True)
+    assert np.array_equal(to_numpy(y), to_numpy(y2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_noncontiguous_inputs_read_correctly(backend):
+    """Transposed / strided views give exactly the result of their contiguous copies."""
+    kw = make_inputs(SMALL)
+    rng = np.random.default_rng(1)
+    views = dict(kw)
+    # x as a transposed view, B and C as every other dstate column, z as a reversed-stride view
+    x_t = np.ascontiguousarray(kw["x"].transpose(0, 1, 3, 2))
+    views["x"] = x_t.transpose(0, 1, 3, 2)
+    wide = rng.standard_normal(kw["B"].shape[:3] + (2 * kw["B"].shape[3],)).astype(np.float32)
+    views["B"] = wide[..., ::2]
+    views["C"] = wide[..., 1::2]
+    views["z"] = np.ascontiguousarray(kw["z"][:, ::-1])[:, ::-1]
+    copies = {k: np.ascontiguousarray(v) if isinstance(v, np.ndarray) else v
+              for k, v in views.items()}
+    assert not views["x"].flags.c_contiguous and not views["B"].flags.c_contiguous
+    dev_views = on_backend(backend, views)
+    if backend == "gpu":  # keep them non-contiguous on the device too
+        import cupy
+        dev_views["x"] = cupy.asarray(x_t).transpose(0, 1, 3, 2)
+        dev_views["B"] = cupy.asarray(wide)[..., ::2]
+        dev_views["C"] = cupy.asarray(wide)[..., 1::2]
+    y_views, f_views = ssd_forward(**dev_views, return_final_states=True)
+    y_copies, f_copies = ssd_forward(**on_backend(backend, copies), return_final_states=True)
+    assert np.array_equal(to_numpy(y_views), to_numpy(y_copies))
+    assert np.array_equal(to_numpy(f_views), to_numpy(f_copies))
+
+
+@pytest.mark.gpu
+def test_cupy_on_a_nondefault_stream():
+    import cupy
+    kw = make_inputs(SMALL)
+    want = to_numpy(ssd_forward(**on_backend("gpu", kw)))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        y = ssd_forward(**on_backend("gpu", kw))
+        assert isinstance(y, cupy.ndarray)
+    stream.synchronize()
+    assert np.array_equal(y.get(), want)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_tensors_in_torch_tensors_out_on_the_current_stream():
+    torch = pytest.importorskip("torch")
+    kw = make_inputs(SMALL)
+    want_y, want_f = (to_numpy(a) for a in
+                      ssd_forward(**on_backend("gpu", kw), return_final_states=True))
+    tkw = {k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v
+           for k, v in kw.items()}
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        y, f = ssd_forward(**tkw, return_final_states=True)
+    stream.synchronize()
+    assert isinstance(y, torch.Tensor) and y.is_cuda and y.dtype == torch.float32
+    assert np.array_equal(y.cpu().numpy(), want_y)
+    assert np.array_equal(f.cpu().numpy(), want_f)
+
+
+# 2^20 tokens, x and y of 2^32 elements each (16 GiB): offsets past 2^31 elements (mamba_ssm
+# issue #1015's bug class). The float64 reference cannot run on all of it, so the decays are
+# strong (dt in [0.5, 1], A = -1: >= 256 nats over a window of W tokens): the state entering the
+# last window is scaled by <= e^-256 before it reaches any output there, far below u * M, and the
+# reference run on the window alone (zero initial state) is the truth there to that precision.
+LONG = dict(batch=1, seqlen=2 ** 20, nheads=16, headdim=256, ngroups=1, dstate=16, chunk_size=64)
+WINDOW = 512
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_seqlen_2_pow_20_beyond_int32_offsets(request):
+    import cupy
+    b, L, h, p, g, n, cs = LONG.values()
+    assert L * h * p > 2 ** 31
+    rng = cupy.random.default_rng(0)
+    x = cupy.empty((b, L, h, p), dtype=cupy.float32)
+    block = 4096
+    for k in range(0, L, block):  # cupy's own generators stay below 2^31 elements
+        x[:, k:k + block] = rng.standard_normal((b, block, h, p), dtype=cupy.float32)
+    B = rng.standard_normal((b, L, g, n), dtype=cupy.float32)
+    C = rng.standard_normal((b, L, g, n), dtype=cupy.float32)
+    dt = rng.uniform(0.5, 1.0, (b, L, h), dtype=cupy.float32)
+    A = -cupy.ones(h, dtype=cupy.float32)
+    D = rng.standard_normal(h, dtype=cupy.float32)
+    y, final = ssd_forward(x, dt, A, B, C, cs, D=D, return_final_states=True)
+    cupy.cuda.runtime.deviceSynchronize()
+    kap = kappa("forward", WINDOW, cs, n)
+    for name, window in (("first", slice(0, WINDOW)), ("last", slice(L - WINDOW, L))):
+        kw = dict(x=x[:, window].get(), dt=dt[:, window].get(), A=A.get(), B=B[:, window].get(),
+                  C=C[:, window].get(), chunk_size=cs, D=D.get())
+        y_ref, final_ref, y_M, final_M, y_extra, final_extra = expected(kw)
+        check_within(f"y_{name}_window", y[:, window], y_ref, y_M, kap, request.node.name,
+                     y_extra)
+        if name == "last":
+            check_within("final_states", final, final_ref, final_M, kap, request.node.name,
+                         final_extra)
+    assert not bool(cupy.isnan(y).any())
