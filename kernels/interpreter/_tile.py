@@ -18,7 +18,7 @@ import numpy as np
 
 import cuda.tile as ct
 from cuda.tile._datatype import is_arithmetic, is_boolean, is_float, is_integral
-from cuda.tile._exception import TileError
+from cuda.tile._exception import TileError, TileValueError
 from cuda.tile._ir.ops_utils import promote_dtypes as _ct_promote_dtypes
 from cuda.tile._ir.type import LooselyTypedScalar
 
@@ -56,8 +56,8 @@ def round_fp32_mantissa(a: np.ndarray, bits: int) -> np.ndarray:
     format minus one, plus the lowest kept bit (the tie-to-even correction), then truncate; a
     carry out of the mantissa moves into the exponent, which is the correct rounding.
     """
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    u = a.view(np.uint32)
+    a = np.asarray(a, dtype=np.float32)
+    u = np.ascontiguousarray(a).view(np.uint32).reshape(a.shape)
     drop = 23 - bits
     lsb = (u >> np.uint32(drop)) & np.uint32(1)
     r = (u + (np.uint32((1 << (drop - 1)) - 1) + lsb)) & np.uint32((0xFFFFFFFF << drop) & 0xFFFFFFFF)
@@ -123,8 +123,9 @@ def finish(a: np.ndarray, dtype: ct.DType) -> "Tile":
 
 
 def _ct_error(e: TileError, what: str):
+    """cuTile's compile-time error as the Python error the interpreter raises at run time."""
     msg = str(e).split("\n")[0]
-    return TypeError(f"{what}: {msg}")
+    return (ValueError if isinstance(e, TileValueError) else TypeError)(f"{what}: {msg}")
 
 
 def dtype_of(v):
