@@ -1,0 +1,102 @@
+"""Regression gate: compare two pytest-benchmark JSON files, fail when a median got slower.
+
+    python -m benchmarks.compare BASELINE.json CURRENT.json --threshold 0.10
+
+Gated: the project's own benchmarks (extra_info impl == "cutile": ssd_forward and each kernel),
+matched by test id (fullname). A gated benchmark regresses when its current median exceeds
+(1 + threshold) x its baseline median; a gated benchmark of the baseline that is missing from the
+current run (it failed, errored or was skipped) also fails the gate. Benchmarks new in the
+current run and the comparators (torch, mamba_ssm) are listed, never gated.
+
+Exit status: 0 no regression, 1 a regression or a missing benchmark, 2 unusable input (a file
+that is not pytest-benchmark JSON, or no gated benchmark in common: a gate that compares
+nothing must not pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+GATED_IMPL = "cutile"
+
+
+def load(path: str) -> dict[str, dict]:
+    """Benchmarks of a pytest-benchmark JSON file, by fullname."""
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        raise ValueError(f"{path}: not a pytest-benchmark JSON file (no 'benchmarks' list)")
+    return {b["fullname"]: b for b in data["benchmarks"]}
+
+
+def _gated(bench: dict) -> bool:
+    return bench.get("extra_info", {}).get("impl") == GATED_IMPL
+
+
+def compare(baseline: dict[str, dict], current: dict[str, dict], threshold: float):
+    """(rows, failures): one row per benchmark (name, baseline ms, current ms, change, status)."""
+    rows, failures = [], []
+    for name in sorted(set(baseline) | set(current)):
+        base, cur = baseline.get(name), current.get(name)
+        gated = _gated(base or cur)
+        base_ms = base["stats"]["median"] * 1e3 if base else None
+        cur_ms = cur["stats"]["median"] * 1e3 if cur else None
+        change = cur_ms / base_ms - 1.0 if base and cur else None
+        if base is None:
+            status = "new"
+        elif cur is None:
+            status = "MISSING" if gated else "missing (not gated)"
+        elif not gated:
+            status = "not gated"
+        elif change > threshold:
+            status = "REGRESSION"
+        else:
+            status = "ok"
+        if status in ("MISSING", "REGRESSION"):
+            failures.append(name)
+        rows.append((name, base_ms, cur_ms, change, status))
+    return rows, failures
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__.split("\n")[0])
+    parser.add_argument("baseline", help="pytest-benchmark JSON of the baseline run")
+    parser.add_argument("current", help="pytest-benchmark JSON of the run to check")
+    parser.add_argument("--threshold", type=float, default=0.10,
+                        help="largest allowed slowdown of a median, as a fraction (default 0.10)")
+    args = parser.parse_args(argv)
+    if not args.threshold >= 0.0:
+        parser.error(f"--threshold must be >= 0, got {args.threshold}")
+    try:
+        baseline, current = load(args.baseline), load(args.current)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"compare: {e}", file=sys.stderr)
+        return 2
+    common = [n for n in baseline if n in current and _gated(baseline[n])]
+    if not common:
+        print("compare: no gated (impl 'cutile') benchmark is in both files; nothing to compare",
+              file=sys.stderr)
+        return 2
+    rows, failures = compare(baseline, current, args.threshold)
+    width = max(len(r[0]) for r in rows)
+    print(f"{'benchmark':<{width}}  {'base ms':>9}  {'now ms':>9}  {'change':>8}  status")
+    for name, base_ms, cur_ms, change, status in rows:
+        print(f"{name:<{width}}  {_fmt(base_ms, '9.4f')}  {_fmt(cur_ms, '9.4f')}  "
+              f"{_fmt(change, '+8.1%')}  {status}")
+    if failures:
+        print(f"\n{len(failures)} gated benchmark(s) regressed by more than "
+              f"{100 * args.threshold:.0f}% or are missing", file=sys.stderr)
+        return 1
+    print(f"\nno gated benchmark regressed by more than {100 * args.threshold:.0f}% "
+          f"({len(common)} compared)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The benchmarked shapes, as (batch, seqlen, nheads, headdim, dstate, ngroups, chunk_size).
+
+ANCHORS: the spec's five rows ("Anchors measured on the H200"), with mamba_ssm's medians measured
+there (ms; fp32, bf16) and issue 6's fp32 targets for ssd_forward (ms).
+SWEEP: the seqlen sweep behind the picture (Mamba-2 2.7B heads, batch 1).
+"""
+
+from contract import Dims
+
+ANCHORS = {
+    "mamba2_2p7b": (4, 4096, 80, 64, 128, 1, 256),
+    "long_seq": (1, 16384, 80, 64, 128, 1, 256),
+    "mamba2_130m": (8, 2048, 24, 64, 128, 1, 256),
+    "chunk_64": (4, 4096, 80, 64, 128, 1, 64),
+    "groups_8": (4, 4096, 64, 64, 64, 8, 128),
+}
+SPEC_MAMBA_MS = {
+    "mamba2_2p7b": (1.187, 0.693),
+    "long_seq": (1.245, 0.721),
+    "mamba2_130m": (0.840, 0.803),
+    "chunk_64": (1.488, 0.884),
+    "groups_8": (0.730, 0.565),
+}
+TARGET_FP32_MS = {
+    "mamba2_2p7b": 0.36,
+    "long_seq": 0.38,
+    "mamba2_130m": 0.15,
+    "chunk_64": 0.50,
+    "groups_8": 0.25,
+}
+
+SWEEP_SEQLENS = (1024, 2048, 4096, 8192, 16384)
+
+
+def sweep_config(seqlen: int) -> tuple[int, ...]:
+    return (1, seqlen, 80, 64, 128, 1, 256)
+
+
+SWEEP_TEXT = "batch 1, nheads 80, headdim 64, dstate 128, ngroups 1, chunk_size 256"
+
+
+def dims_of(config) -> Dims:
+    """contract.Dims of a config tuple (note: Dims orders ngroups before dstate)."""
+    batch, seqlen, nheads, headdim, dstate, ngroups, chunk_size = config
+    return Dims(batch=batch, seqlen=seqlen, nheads=nheads, headdim=headdim, ngroups=ngroups,
+                dstate=dstate, chunk_size=chunk_size)

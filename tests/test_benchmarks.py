@@ -1,0 +1,567 @@
+"""Benchmarks of ssd_forward and each kernel (marker `benchmark`, GPU only), and CPU tests of the
+benchmark tools (FLOP/byte model, GPU clock, compare gate, plot).
+
+On the GPU machine, one command runs everything (all anchor rows, the seqlen sweep, both dtypes
+where supported, torch and mamba_ssm side by side):
+
+    python -m pytest -m benchmark --benchmark-json=bench.json
+
+Timing: benchmarks/timing.py (CUDA events as pytest-benchmark's timer, so its statistics are GPU
+times; L2 flushed before every round; compilation and autotuning in untimed warm-up calls).
+Before timing, every implementation is checked once on a reduced problem of the same row (batch 1,
+the first 1024 tokens, at most two heads per group; same headdim, dstate, ngroups, chunk_size)
+against the float64 reference, element by element, within the bound of properties/bounds.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import struct
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import reference as R
+from benchmarks import compare, perf_model, plot
+from benchmarks.configs import (ANCHORS, SPEC_MAMBA_MS, SWEEP_SEQLENS, TARGET_FP32_MS, dims_of,
+                                sweep_config)
+from benchmarks.timing import GpuClock, cupy_flush, measure
+from properties import bounds
+
+REPO = Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------------------------------------
+# GPU benchmarks
+# ---------------------------------------------------------------------------------------------
+
+CLOCK = GpuClock()
+ROUNDS = 30  # rounds per case; fewer (at least 5) when a round is slow (see TIME_BUDGET_S)
+TIME_BUDGET_S = 1.0  # GPU seconds of timed rounds per case, at most
+REDUCED_SEQLEN = 1024
+REDUCED_HEADS_PER_GROUP = 2
+IMPLS = ("mamba_ssm", "torch", "cutile")  # per row in this order: mamba_ssm's median is known
+KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")  # when cutile's is recorded
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def _cases():
+    rows = [("anchor", name, cfg, i) for i, (name, cfg) in enumerate(ANCHORS.items(), 1)]
+    rows += [("sweep", f"seqlen_{s}", sweep_config(s), None) for s in SWEEP_SEQLENS]
+    for series, name, cfg, anchor in rows:
+        for short, dtype in DTYPES.items():
+            ops = [("ssd_forward", impl) for impl in IMPLS]
+            if series == "anchor":
+                ops += [(k, "cutile") for k in KERNELS]
+            for op, impl in ops:
+                yield pytest.param((series, name, cfg, anchor, dtype, op, impl),
+                                   id=f"{op}-{name}-{short}-{impl}")
+
+
+def _bound(dtype):
+    """The per-element bound for outputs from inputs of `dtype` (properties/bounds.py)."""
+    if dtype == "float32":
+        return bounds.tf32_bound
+    if hasattr(bounds, "bf16_bound"):
+        return bounds.bf16_bound
+    pytest.skip("no bf16 error bound derived yet in properties/bounds.py (issue 6 item 4)")
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _mamba():
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception as e:  # ImportError, or a broken triton/torch install under it
+        pytest.skip(f"mamba_ssm cannot be imported ({type(e).__name__}: {e})")
+    return mamba_chunk_scan_combined
+
+
+def _host(a) -> np.ndarray:
+    """A GPU array (cupy or torch) as a float64 NumPy array."""
+    if hasattr(a, "detach"):
+        return a.detach().float().cpu().numpy().astype(np.float64)
+    return a.get().astype(np.float64)
+
+
+def _contiguous(a):
+    """A C-contiguous copy-or-view of a cupy array or torch tensor."""
+    if hasattr(a, "contiguous"):
+        return a.contiguous()
+    import cupy
+    return cupy.ascontiguousarray(a)
+
+
+class Problem:
+    """Inputs of one row and dtype on the GPU (torch tensors when torch is there, else cupy),
+    the reduced problem checked against the reference, and that reference."""
+
+    def __init__(self, config, dtype):
+        import cupy
+        bound = _bound(dtype)
+        torch = _torch()
+        if dtype != "float32" and torch is None:
+            pytest.skip(f"{dtype} inputs need torch (cupy has no bfloat16)")
+        batch, seqlen, nheads, headdim, dstate, ngroups, chunk_size = config
+        self.config, self.dtype, self.chunk_size = config, dtype, chunk_size
+        rng = cupy.random.default_rng(sum(config))
+        f32 = cupy.float32
+        arrays = {
+            "x": rng.standard_normal((batch, seqlen, nheads, headdim), dtype=f32),
+            # processed step sizes, log-uniform in [1e-3, 1e-1] (Mamba-2's dt initialisation range)
+            "dt": cupy.exp(rng.uniform(math.log(1e-3), math.log(1e-1), (batch, seqlen, nheads))).astype(f32),
+            # decay rates -[1, 16] (Mamba-2's A initialisation range)
+            "A": -rng.uniform(1.0, 16.0, nheads).astype(f32),
+            "B": rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
+            "C": rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
+            "D": rng.standard_normal(nheads, dtype=f32),
+        }
+        if torch is not None:
+            arrays = {k: torch.from_dlpack(v) for k, v in arrays.items()}
+            for k in ("x", "B", "C"):
+                arrays[k] = arrays[k].to(getattr(torch, dtype))
+        self.full = arrays
+        self.reduced = self._reduce(arrays, ngroups, nheads // ngroups)
+        host = {k: _host(v) for k, v in self.reduced.items()}
+        args = (host["x"], host["dt"], host["A"], host["B"], host["C"], chunk_size)
+        self.y_ref, self.final_ref = R.ssd_chunked(*args, D=host["D"])
+        self.y_bound = bound(R.ssd_magnitude(*args, D=host["D"]))
+        dt_out, dA_cumsum = R.chunk_cumsum_ref(host["dt"], host["A"], chunk_size)
+        _, final_M = R.fwd_pass_state_magnitude(host["x"], host["B"], dt_out, dA_cumsum)
+        self.final_bound = bound(final_M)
+        self.checked = set()
+
+    @staticmethod
+    def _reduce(arrays, ngroups, heads_per_group):
+        """Batch 1, the first REDUCED_SEQLEN tokens, the first heads of every group."""
+        keep = min(heads_per_group, REDUCED_HEADS_PER_GROUP)
+        seqlen = min(REDUCED_SEQLEN, arrays["x"].shape[1])
+
+        def heads(a, axis):  # split nheads into (ngroups, heads_per_group), keep the first `keep`
+            shape = a.shape[:axis] + (ngroups, heads_per_group) + a.shape[axis + 1:]
+            index = (slice(None),) * (axis + 1) + (slice(0, keep),)
+            part = a.reshape(shape)[index]
+            return _contiguous(part.reshape(a.shape[:axis] + (ngroups * keep,) + a.shape[axis + 1:]))
+
+        return {
+            "x": heads(arrays["x"][:1, :seqlen], 2),
+            "dt": heads(arrays["dt"][:1, :seqlen], 2),
+            "A": heads(arrays["A"], 0),
+            "B": _contiguous(arrays["B"][:1, :seqlen]),
+            "C": _contiguous(arrays["C"][:1, :seqlen]),
+            "D": heads(arrays["D"], 0),
+        }
+
+    def check(self, impl, forward):
+        """Once per implementation: forward(**reduced) -> (y, final_states) within the bound."""
+        if impl in self.checked:
+            return
+        y, final_states = forward(**self.reduced)
+        for what, got, ref, bound in (("y", y, self.y_ref, self.y_bound),
+                                      ("final_states", final_states, self.final_ref, self.final_bound)):
+            err = np.abs(_host(got) - ref)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                worst = float(np.max(err / bound))
+            assert np.all(err <= bound), (
+                f"{impl} {what} on the reduced problem of {self.config} {self.dtype}: "
+                f"worst |err| / bound = {worst:.3g} (NaN means an unwritten or non-finite output)")
+        self.checked.add(impl)
+
+
+_PROBLEM: dict = {}  # the one Problem in use: cases come row by row, so inputs are made once per row
+_MEDIANS: dict = {}  # (op, row name, dtype, impl) -> median seconds, for the speedups
+
+
+def _problem(config, dtype) -> Problem:
+    key = (config, dtype)
+    if key not in _PROBLEM:
+        _PROBLEM.clear()
+        _PROBLEM[key] = Problem(config, dtype)
+    return _PROBLEM[key]
+
+
+def _cutile_forward(problem):
+    kernels = importlib.import_module("kernels")
+    from kernels.arrays import outputs_filled_with
+
+    def forward(x, dt, A, B, C, D):
+        return kernels.ssd_forward(x, dt, A, B, C, problem.chunk_size, D=D, return_final_states=True)
+
+    def checked(**inputs):
+        with outputs_filled_with(math.nan):
+            return forward(**inputs)
+
+    try:
+        problem.check("cutile", checked)
+    except TypeError as e:
+        if problem.dtype != "float32" and "dtype" in str(e):
+            pytest.skip(f"the kernels do not take {problem.dtype} inputs yet: {e}")
+        raise
+    return forward
+
+
+def _kernel_calls(problem, op):
+    """(check, timed): the kernel pipeline up to `op` checked on the reduced problem through the
+    composed output, and a call of `op` alone on the full row with its inputs computed once."""
+    kernels = importlib.import_module("kernels")
+    from kernels.arrays import outputs_filled_with
+    Q = problem.chunk_size
+
+    def pipeline(x, dt, A, B, C, D):
+        dt_out, dA_cumsum = kernels.chunk_cumsum(dt, A, Q)
+        chunk_states, final_states = kernels.fwd_pass_state(x, B, dt_out, dA_cumsum)
+        return kernels.compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=D), final_states
+
+    def checked(**inputs):
+        with outputs_filled_with(math.nan):
+            return pipeline(**inputs)
+
+    problem.check("cutile kernels", checked)
+    f = problem.full
+    if op == "chunk_cumsum":
+        return lambda: kernels.chunk_cumsum(f["dt"], f["A"], Q)
+    dt_out, dA_cumsum = kernels.chunk_cumsum(f["dt"], f["A"], Q)
+    if op == "fwd_pass_state":
+        return lambda: kernels.fwd_pass_state(f["x"], f["B"], dt_out, dA_cumsum)
+    chunk_states, _ = kernels.fwd_pass_state(f["x"], f["B"], dt_out, dA_cumsum)
+    return lambda: kernels.compute_out(f["x"], f["B"], f["C"], dt_out, dA_cumsum, chunk_states, D=f["D"])
+
+
+def _comparator(problem, impl):
+    if _torch() is None:
+        pytest.skip("torch with CUDA is not installed: no side-by-side comparator")
+    if impl == "mamba_ssm":
+        scan = _mamba()
+
+        def forward(x, dt, A, B, C, D):
+            return scan(x, dt, A, B, C, problem.chunk_size, D=D, return_final_states=True)
+    else:
+        if problem.dtype != "float32":
+            pytest.skip("the torch baseline runs in fp32 only (its bf16 intermediates have no bound)")
+        from benchmarks.torch_ssd import ssd_chunked_torch
+
+        def forward(x, dt, A, B, C, D):
+            return ssd_chunked_torch(x, dt, A, B, C, problem.chunk_size, D=D, return_final_states=True)
+    problem.check(impl, forward)
+    return forward
+
+
+@pytest.fixture(scope="module")
+def flush():
+    return cupy_flush()
+
+
+@pytest.mark.benchmark(timer=CLOCK)
+@pytest.mark.parametrize("case", list(_cases()))
+def test_speed(benchmark, flush, case):
+    """Median GPU time of one implementation of one op on one row, with its rates and speedups."""
+    series, name, config, anchor, dtype, op, impl = case
+    problem = _problem(config, dtype)
+    if op != "ssd_forward":
+        _cutile_forward(problem)  # skips the kernels when the dtype is not supported yet
+        fn = _kernel_calls(problem, op)
+    else:
+        forward = _cutile_forward(problem) if impl == "cutile" else _comparator(problem, impl)
+        f = problem.full
+        fn = lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])  # noqa: E731
+    fn()  # compilation / autotuning, untimed
+    benchmark.group = f"{series} {name} {config} {dtype}"
+    measure(benchmark, fn, CLOCK, flush, rounds=ROUNDS, budget_s=TIME_BUDGET_S)
+
+    median = benchmark.stats["median"]
+    _MEDIANS[(op, name, dtype, impl)] = median
+    work = perf_model.work(op, dims_of(config), dtype, D="nheads", final_states=True)
+    info = benchmark.extra_info
+    info.update(impl=impl, op=op, dtype=dtype, series=series, row=name, config=list(config),
+                median_ms=median * 1e3, **perf_model.rates(work, median, dtype))
+    if anchor is not None:
+        info["anchor"] = anchor
+    if op == "ssd_forward" and impl == "cutile":
+        mamba = _MEDIANS.get((op, name, dtype, "mamba_ssm"))
+        if mamba is not None:
+            info["speedup_vs_mamba_ssm"] = mamba / median
+        if series == "anchor":
+            info["spec_mamba_ssm_ms"] = SPEC_MAMBA_MS[name][0 if dtype == "float32" else 1]
+            if dtype == "float32":
+                info["target_ms"] = TARGET_FP32_MS[name]
+                info["meets_target"] = median * 1e3 <= TARGET_FP32_MS[name]
+    if op in KERNELS:
+        forward_median = _MEDIANS.get(("ssd_forward", name, dtype, "cutile"))
+        if forward_median is not None:
+            info["share_of_ssd_forward_pct"] = 100.0 * median / forward_median
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU tests of the tools
+# ---------------------------------------------------------------------------------------------
+
+FIRST_ANCHOR = dims_of(ANCHORS["mamba2_2p7b"])
+
+
+def test_perf_model_first_anchor_matches_spec_counts():
+    """The spec: ~65.5 GFLOP of useful work, ~0.69 GB of traffic (x, dt, B, C, y), floor ~0.18 ms."""
+    b, t, h, p, n = 4, 4096, 80, 64, 128
+    wk = perf_model.work("ssd_forward", FIRST_ANCHOR, D=None, final_states=False)
+    assert wk.flop == pytest.approx(65.5e9, rel=2e-3)
+    assert wk.bytes == 4 * (2 * b * t * h * p + b * t * h + h + 2 * b * t * n)
+    assert wk.bytes == pytest.approx(0.69e9, rel=5e-3)
+    with_states = perf_model.work("ssd_forward", FIRST_ANCHOR, D=None, final_states=True)
+    assert with_states.bytes - wk.bytes == 4 * b * h * p * n
+    assert perf_model.floor_seconds(with_states) == pytest.approx(0.18e-3, rel=0.02)
+
+
+def test_perf_model_kernels_partition_the_products():
+    """chunk_cumsum + fwd_pass_state + compute_out do exactly ssd_forward's matrix products."""
+    for config in list(ANCHORS.values()) + [(2, 1000, 6, 32, 16, 3, 64)]:
+        dims = dims_of(config)
+        total = sum(perf_model.work(k, dims).flop for k in KERNELS)
+        assert total == perf_model.work("ssd_forward", dims).flop
+
+
+def test_perf_model_short_last_chunk_counts_its_tokens_only():
+    """seqlen = chunk_size + 1: the second chunk is one token; the square products count 1, not Q^2."""
+    Q, b, h, p, n, g = 64, 1, 2, 8, 16, 1
+    one_chunk = perf_model.work("compute_out", dims_of((b, Q, h, p, n, g, Q)))
+    plus_one = perf_model.work("compute_out", dims_of((b, Q + 1, h, p, n, g, Q)))
+    # the extra token: C.B^T 1x1 per group (2n), intra 1 term per head (p), carried 2pn per head
+    assert plus_one.flop - one_chunk.flop == 2 * g * n + h * p + 2 * h * p * n
+
+
+def test_perf_model_bf16_halves_the_activation_bytes():
+    b, t, h, p, n, g = 4, 4096, 80, 64, 128, 1
+    fp32 = perf_model.work("ssd_forward", FIRST_ANCHOR, "float32")
+    bf16 = perf_model.work("ssd_forward", FIRST_ANCHOR, "bfloat16")
+    assert fp32.bytes - bf16.bytes == 2 * (2 * b * t * h * p + 2 * b * t * g * n)
+    assert fp32.flop == bf16.flop
+    assert perf_model.floor_seconds(bf16, "bfloat16") < perf_model.floor_seconds(fp32, "float32")
+
+
+def test_perf_model_rates_at_the_floor_are_100_percent():
+    wk = perf_model.work("ssd_forward", FIRST_ANCHOR)
+    floor = perf_model.floor_seconds(wk)
+    r = perf_model.rates(wk, floor)
+    assert r["pct_of_floor"] == pytest.approx(100.0)
+    assert r["tflops"] == pytest.approx(361.0)  # the first anchor is compute-bound in fp32
+    assert perf_model.rates(wk, 2 * floor)["pct_of_floor"] == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("op, dtype", [("ssd_backward", "float32"), ("ssd_forward", "float64")],
+                         ids=["unknown_op", "unmodelled_dtype"])
+def test_perf_model_rejects_unknown_op_and_dtype(op, dtype):
+    with pytest.raises(ValueError, match="op" if op != "ssd_forward" else "dtype"):
+        perf_model.work(op, FIRST_ANCHOR, dtype)
+
+
+FAKE_CLOCK_TESTS = '''
+import pytest
+from benchmarks.timing import GpuClock, measure
+
+
+class Gpu:
+    """A fake GPU timeline: events read `now` (ms); `starving` is what an event query answers."""
+    def __init__(self, starving):
+        self.now, self.starving, self.flushes = 0.0, starving, 0
+
+    def event(self):
+        gpu = self
+        class Event:
+            t = gpu.now
+            done = gpu.starving
+            def synchronize(self):
+                pass
+        return Event()
+
+
+FED, STARVED = Gpu(False), Gpu(True)
+FED_CLOCK = GpuClock(FED.event, lambda a, b: b.t - a.t)
+STARVED_CLOCK = GpuClock(STARVED.event, lambda a, b: b.t - a.t)
+
+
+def run(benchmark, gpu, clock, durations_ms, rounds):
+    pending = list(durations_ms)
+
+    def work():
+        gpu.now += pending.pop(0)
+
+    def flush():
+        gpu.flushes += 1
+
+    measure(benchmark, work, clock, flush, rounds=rounds)
+    benchmark.extra_info["flushes"] = gpu.flushes
+
+
+@pytest.mark.benchmark(timer=FED_CLOCK)
+def test_fed(benchmark):
+    run(benchmark, FED, FED_CLOCK, [9.0, 9.0, 9.0, 1.0, 2.0, 3.0, 4.0, 50.0], rounds=5)
+
+
+@pytest.mark.benchmark(timer=STARVED_CLOCK)
+def test_starved(benchmark):
+    run(benchmark, STARVED, STARVED_CLOCK, [1.0] * 8, rounds=5)
+'''
+
+
+def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
+    """Through pytest-benchmark itself, with a fake GPU timeline: the recorded rounds are the
+    event-to-event times (not host times), warm-up excluded; a starved GPU lengthens the prefill."""
+    (tmp_path / "test_fake_clock.py").write_text(FAKE_CLOCK_TESTS)
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path),
+         f"--benchmark-json={out}", "--benchmark-disable-gc"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {b["name"]: b for b in json.loads(out.read_text())["benchmarks"]}
+    fed, starved = runs["test_fed"], runs["test_starved"]
+    assert fed["stats"]["rounds"] == 5
+    assert fed["stats"]["median"] == pytest.approx(3.0e-3)
+    assert fed["stats"]["min"] == pytest.approx(1.0e-3) and fed["stats"]["max"] == pytest.approx(50.0e-3)
+    assert fed["extra_info"]["prefill_memsets"] == 1 and fed["extra_info"]["starved_rounds"] == 0
+    assert fed["extra_info"]["flushes"] == 3 + 5
+    assert fed["options"]["timer"] == "gpu_clock"
+    assert starved["extra_info"]["prefill_memsets"] == 8  # doubled after each of 3 warm-up rounds
+    assert starved["extra_info"]["starved_rounds"] == 5
+    assert starved["extra_info"]["flushes"] == 1 + 2 + 4 + 5 * 8
+
+
+def _bench_json(path, medians_ms: dict, impl="cutile"):
+    path.write_text(json.dumps({"benchmarks": [
+        {"fullname": f"tests/test_benchmarks.py::test_speed[{name}]", "name": name,
+         "extra_info": {"impl": impl if not name.endswith("mamba_ssm") else "mamba_ssm"},
+         "stats": {"median": ms * 1e-3}}
+        for name, ms in medians_ms.items()]}))
+    return str(path)
+
+
+BASE = {"ssd_forward-row1-cutile": 0.40, "compute_out-row1-cutile": 0.25,
+        "ssd_forward-row1-mamba_ssm": 1.19}
+
+
+@pytest.mark.parametrize("current, status", [
+    ({**BASE, "compute_out-row1-cutile": 0.30}, 1),  # +20 %: regression
+    ({**BASE, "ssd_forward-row1-cutile": 0.30}, 0),  # faster: passes
+    ({**BASE, "ssd_forward-row1-cutile": 0.43}, 0),  # +7.5 %: within the 10 % threshold
+    ({**BASE, "ssd_forward-row1-mamba_ssm": 3.0}, 0),  # the comparator is not gated
+    ({k: v for k, v in BASE.items() if k != "compute_out-row1-cutile"}, 1),  # a gated one missing
+    ({**BASE, "ssd_forward-row2-cutile": 9.0}, 0),  # new benchmarks are not gated
+], ids=["kernel_regression_fails", "improvement_passes", "within_threshold_passes",
+        "comparator_not_gated", "missing_benchmark_fails", "new_benchmark_passes"])
+def test_compare_gate(tmp_path, capsys, current, status):
+    base = _bench_json(tmp_path / "base.json", BASE)
+    cur = _bench_json(tmp_path / "cur.json", current)
+    assert compare.main([base, cur, "--threshold", "0.10"]) == status
+    out = capsys.readouterr()
+    assert ("REGRESSION" in out.out or "MISSING" in out.out) == (status == 1)
+
+
+def test_compare_threshold_is_respected(tmp_path):
+    base = _bench_json(tmp_path / "base.json", BASE)
+    cur = _bench_json(tmp_path / "cur.json", {**BASE, "ssd_forward-row1-cutile": 0.43})
+    assert compare.main([base, cur, "--threshold", "0.05"]) == 1
+
+
+def test_compare_refuses_to_pass_on_nothing_compared(tmp_path, capsys):
+    base = _bench_json(tmp_path / "base.json", {"ssd_forward-row1-mamba_ssm": 1.0})
+    assert compare.main([base, base]) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "benchmarks"}')
+    assert compare.main([str(bad), base]) == 2
+    assert "not a pytest-benchmark JSON" in capsys.readouterr().err
+
+
+def test_compare_runs_as_a_module(tmp_path):
+    base = _bench_json(tmp_path / "base.json", BASE)
+    cur = _bench_json(tmp_path / "cur.json", {**BASE, "compute_out-row1-cutile": 0.5})
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compare", base, cur, "--threshold", "0.10"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "REGRESSION" in proc.stdout
+
+
+def _plot_json(path, with_data=True):
+    benchmarks = []
+    for impl, scale in (("cutile", 0.3), ("mamba_ssm", 1.2), ("torch", 17.0)):
+        for s in SWEEP_SEQLENS:
+            benchmarks.append({"extra_info": {"impl": impl, "op": "ssd_forward", "dtype": "float32",
+                                              "series": "sweep", "config": list(sweep_config(s))},
+                               "stats": {"median": scale * s / 16384 * 1e-3}})
+        for i, name in enumerate(ANCHORS, 1):
+            benchmarks.append({"extra_info": {"impl": impl, "op": "ssd_forward", "dtype": "float32",
+                                              "series": "anchor", "anchor": i, "config": list(ANCHORS[name])},
+                               "stats": {"median": scale * (1 + i / 10) * 1e-3}})
+    if not with_data:
+        benchmarks = [dict(b, extra_info=dict(b["extra_info"], op="compute_out")) for b in benchmarks]
+    path.write_text(json.dumps({"benchmarks": benchmarks}))
+    return str(path)
+
+
+def _read_png(data: bytes):
+    """(width, height, pixels [h, w, 3]) of an 8-bit RGB PNG with filter 0 rows, chunk CRCs checked."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, kind
+        chunks[kind] = chunks.get(kind, b"") + body
+        pos += 12 + length
+    assert b"IEND" in chunks
+    w, h, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, color) == (8, 2)
+    raw = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), np.uint8).reshape(h, 1 + 3 * w)
+    assert np.all(raw[:, 0] == 0)
+    return w, h, raw[:, 1:].reshape(h, w, 3)
+
+
+def test_plot_writes_a_png_with_every_series(tmp_path):
+    out = tmp_path / "plot.png"
+    assert plot.main([_plot_json(tmp_path / "bench.json"), "-o", str(out)]) == 0
+    w, h, pixels = _read_png(out.read_bytes())
+    assert (w, h) == (plot.WIDTH, plot.HEIGHT)
+    for impl, color in plot.COLORS.items():
+        in_sweep = np.all(pixels[:, :plot.WIDTH // 2] == color, axis=-1).sum()
+        in_anchors = np.all(pixels[:, plot.WIDTH // 2:] == color, axis=-1).sum()
+        assert in_sweep > 300 and in_anchors > 5 * 81, impl  # a line of 5 points, 5 markers 9x9
+
+
+def test_plot_refuses_json_without_ssd_forward_data(tmp_path, capsys):
+    out = tmp_path / "plot.png"
+    assert plot.main([_plot_json(tmp_path / "bench.json", with_data=False), "-o", str(out)]) == 2
+    assert not out.exists()
+    assert "no ssd_forward" in capsys.readouterr().err
+
+
+def test_torch_baseline_matches_the_reference():
+    """The side-by-side PyTorch implementation (CPU here when torch is installed) against the
+    float64 reference: in float64 to rounding, over a short last chunk, groups, both D shapes and
+    initial states; in float32 within the TF32 bound (it is more accurate than TF32)."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.torch_ssd import ssd_chunked_torch
+    rng = np.random.default_rng(7)
+    b, t, h, p, n, g, Q = 2, 100, 4, 8, 16, 2, 32
+    x, B, C = rng.standard_normal((b, t, h, p)), rng.standard_normal((b, t, g, n)), rng.standard_normal((b, t, g, n))
+    dt = np.exp(rng.uniform(math.log(1e-3), math.log(1e-1), (b, t, h)))
+    A = -rng.uniform(1.0, 16.0, h)
+    S0 = rng.standard_normal((b, h, p, n))
+    for D in (rng.standard_normal((h, p)), rng.standard_normal(h)):
+        y_ref, final_ref = R.ssd_chunked(x, dt, A, B, C, Q, D=D, initial_states=S0)
+        M = R.ssd_magnitude(x, dt, A, B, C, Q, D=D, initial_states=S0)
+        for dtype, bound in ((torch.float64, 1e-12 * M), (torch.float32, bounds.tf32_bound(M))):
+            T = lambda a: torch.from_numpy(a).to(dtype)  # noqa: E731
+            y, final = ssd_chunked_torch(T(x), T(dt), T(A), T(B), T(C), Q, D=T(D),
+                                         initial_states=T(S0), return_final_states=True)
+            assert np.all(np.abs(y.double().numpy() - y_ref) <= bound)
+            assert np.allclose(final.double().numpy(), final_ref, rtol=1e-5, atol=1e-5)
