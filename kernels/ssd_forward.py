@@ -19,10 +19,8 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     float32 arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the
     GPU, on the current stream).
 
-    Every argument is checked before the first launch; then the three kernels run in order:
-    1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size)
-    2. fwd_pass_state: the state entering every chunk, and the final state
-    3. compute_out: y
+    Every argument is checked before the first launch; then the three kernels run in order
+    (forward_launches).
     """
     backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx)
@@ -36,19 +34,33 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
         for a in (x, dt, A, B, C, D, z, dt_bias, initial_states))
     seg = None if seq_idx is None else backend.segment_ids(seq_idx)
 
-    # 1.
     dt_out = backend.empty(dims.shape("dt_out"))
     dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
-    grid, args = chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit)
-    backend.launch(grid, _chunk_cumsum_kernel, args)
-    # 2.
     chunk_states = backend.empty(dims.shape("chunk_states"))
     final_states = backend.empty(dims.shape("final_states"))
-    grid, args = fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg,
-                                       chunk_states, final_states)
-    backend.launch(grid, _fwd_pass_state_kernel, args)
-    # 3.
     y = backend.empty(dims.shape("y"))
-    grid, args = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y)
-    backend.launch(grid, _compute_out_kernel, args)
+    for kernel, grid, args in forward_launches(
+            x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
+            dt_out, dA_cumsum, chunk_states, final_states, y):
+        backend.launch(grid, kernel, args)
     return (y, final_states) if return_final_states else y
+
+
+def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
+                     dt_out, dA_cumsum, chunk_states, final_states, y):
+    """The launches of one forward, in order: [(kernel, grid, args)].
+
+    Reads only shapes (and which optional arrays are given), so the compile gate derives the
+    specializations ssd_forward uses from here, with stand-in arrays.
+    1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size)
+    2. fwd_pass_state: the state entering every chunk, and the final state
+    3. compute_out: y
+    """
+    return [
+        (_chunk_cumsum_kernel, *chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum,
+                                                    dt_softplus, dt_limit)),
+        (_fwd_pass_state_kernel, *fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states,
+                                                        seg, chunk_states, final_states)),
+        (_compute_out_kernel, *compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z,
+                                                  seg, y)),
+    ]

@@ -1,0 +1,113 @@
+"""Compile gate (marker compile, CPU): every kernel, in the specializations ssd_forward uses for a
+representative set of shapes, compiles to cubin for sm_80, sm_90, sm_100 and sm_120.
+
+The specializations come from ssd_forward's own launch code (`forward_launches`, the one place the
+tile sizes are chosen), run on stand-in arrays that only carry a shape and a dtype; the signature
+of each launch is what ct.launch would compile for it: arrays by dtype and rank, int64 indexing
+where the kernel asks for it (ct.IndexedWithInt64), the launcher's constants.
+"""
+
+import inspect
+import io
+import math
+import typing
+
+import pytest
+
+import cuda.tile as ct
+from cuda.tile._stub import ArrayAnnotation
+from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
+                                   export_kernel)
+
+from contract import Dims
+from kernels.ssd_forward import forward_launches
+
+ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
+
+
+class ArraySpec:
+    """A stand-in array for the launchers: a shape and a dtype name, no data."""
+
+    def __init__(self, shape, dtype="float32"):
+        self.shape, self.dtype, self.ndim = tuple(shape), dtype, len(shape)
+
+
+# (id, dims, options): the Mamba-2 2.7B layout at chunk 256 and 64, every option at chunk 128 with
+# groups, odd headdim / dstate at chunk 16, the largest headdim / dstate at chunk 32.
+CONFIGS = [
+    ("mamba2_2p7b_chunk256", Dims(4, 4096, 80, 64, 1, 128, 256), dict(D="head")),
+    ("mamba2_2p7b_chunk64", Dims(4, 4096, 80, 64, 1, 128, 64), dict(D="head")),
+    ("all_options_chunk128", Dims(4, 4096, 64, 64, 8, 64, 128),
+     dict(D="channel", z=True, dt_bias=True, dt_softplus=True, initial_states=True, seq_idx=True,
+          dt_limit=(0.001, 0.1))),
+    ("odd_dims_chunk16", Dims(1, 100, 4, 3, 1, 5, 16), dict()),
+    ("dims_256_chunk32", Dims(1, 1000, 2, 256, 1, 256, 32), dict(initial_states=True)),
+]
+
+
+def config_launches(dims: Dims, opts: dict):
+    """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins."""
+    a = lambda name: ArraySpec(dims.shape(name))
+    return forward_launches(
+        a("x"), a("dt"), a("A"), a("B"), a("C"),
+        {"head": ArraySpec((dims.nheads,)), "channel": a("D")}.get(opts.get("D")),
+        a("z") if opts.get("z") else None, a("dt_bias") if opts.get("dt_bias") else None,
+        a("initial_states") if opts.get("initial_states") else None,
+        ArraySpec(dims.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
+        opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
+        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"))
+
+
+def _index_dtype(hint):
+    for meta in getattr(hint, "__metadata__", ()):
+        if isinstance(meta, ArrayAnnotation) and meta.index_dtype is not None:
+            return meta.index_dtype
+    return ct.int32
+
+
+def signature(kernel, args) -> KernelSignature:
+    pyfunc = kernel._annotated_function.pyfunc
+    hints = typing.get_type_hints(pyfunc, include_extras=True)
+    params = []
+    for name, arg in zip(inspect.signature(pyfunc).parameters, args, strict=True):
+        if isinstance(arg, ArraySpec):
+            params.append(ArrayConstraint(getattr(ct, arg.dtype), arg.ndim,
+                                          index_dtype=_index_dtype(hints.get(name)),
+                                          stride_lower_bound_incl=0, alias_groups=(),
+                                          may_alias_internally=False))
+        else:
+            params.append(arg)
+    return KernelSignature(params, CallingConvention.cutile_python_v1())
+
+
+def specializations() -> dict:
+    """{kernel name: (kernel, [signatures])}, each distinct specialization once."""
+    found = {}
+    for _, dims, opts in CONFIGS:
+        for kernel, _, args in config_launches(dims, opts):
+            name = kernel._annotated_function.pyfunc.__name__
+            key = tuple((a.dtype, a.ndim) if isinstance(a, ArraySpec) else (type(a), a)
+                        for a in args)
+            entry = found.setdefault(name, (kernel, {}))
+            entry[1].setdefault(key, args)
+    return {name: (kernel, [signature(kernel, a) for a in by_key.values()])
+            for name, (kernel, by_key) in found.items()}
+
+
+SPECIALIZATIONS = specializations()
+
+
+def test_every_kernel_has_several_specializations():
+    assert set(SPECIALIZATIONS) == {"_chunk_cumsum_kernel", "_fwd_pass_state_kernel",
+                                    "_compute_out_kernel"}
+    assert all(len(sigs) >= 3 for _, sigs in SPECIALIZATIONS.values())
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", sorted(SPECIALIZATIONS))
+def test_kernel_compiles_to_cubin(name, arch):
+    kernel, signatures = SPECIALIZATIONS[name]
+    out = io.BytesIO()
+    export_kernel(kernel, signatures, out, gpu_code=arch, output_format="cubin")
+    assert out.getvalue()[:4] == b"\x7fELF"
