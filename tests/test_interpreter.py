@@ -700,6 +700,17 @@ def test_scalar_arguments_are_typed_like_cutile():
     launch((1,), scale, (y, 0.5, 2))
     np.testing.assert_array_equal(y, [2.5] * 4)
 
+    @ct.kernel
+    def wide(x: ct.IndexedWithInt64, y, n: ct.ScalarInt64):
+        ct.static_assert(x.shape[0].dtype == ct.int64 and y.shape[0].dtype == ct.int32)
+        ct.static_assert(n.dtype == ct.int64)
+        ct.store(y, (0,), ct.full((4,), 1.0, dtype=ct.float32) * (n - 2**40 + x.shape[0]))
+
+    launch((1,), wide, (np.zeros(8, np.float32), y, 2**40))
+    np.testing.assert_array_equal(y, [8.0] * 4)
+    with pytest.raises(ValueError, match="out of range of int32"):
+        launch((1,), scale, (y, 0.5, 2**40))
+
 
 @pytest.mark.parametrize("op", ["gather", "atomic_add", "printf"])
 def test_unsupported_operations_raise_naming_them(op):

@@ -21,7 +21,7 @@ import cuda.tile as ct
 from cuda.tile._execution import is_function_wrapper
 
 from kernels.interpreter import _ops, _state
-from kernels.interpreter._tile import Array, Tile, ct_dtype_of_numpy, int_scalar, scalar_tile
+from kernels.interpreter._tile import Array, Tile, ct_dtype_of_numpy, scalar_tile
 
 _OP_NAMES = (
     "bid", "num_blocks", "num_tiles", "load", "store", "mma", "matmul", "astype", "bitcast",
@@ -153,38 +153,45 @@ def _cell_full(cell) -> bool:
     return True
 
 
-def _constant_params(func) -> set[str]:
+def _param_annotations(func) -> dict[str, tuple]:
+    """The typing.Annotated metadata of each parameter (ct.Constant, ct.IndexedWithInt64, ...)."""
     try:
         hints = typing.get_type_hints(func, include_extras=True)
     except Exception:
         hints = func.__annotations__
-    out = set()
-    for name, h in hints.items():
-        if typing.get_origin(h) is typing.Annotated and any(
-                isinstance(m, ct.ConstantAnnotation) for m in h.__metadata__):
-            out.add(name)
-    return out
+    return {name: h.__metadata__ for name, h in hints.items()
+            if typing.get_origin(h) is typing.Annotated}
 
 
-def _wrap_arg(name, v, constant):
-    if constant:
+def _wrap_arg(name, v, metadata=()):
+    """A kernel argument as cuTile types it: Constants stay Python values, arrays become Arrays
+    (int32 shapes, int64 with ct.IndexedWithInt64), ints int32 scalars (int64 with
+    ct.ScalarInt64), floats float32 scalars, bools bool scalars."""
+    if any(isinstance(m, ct.ConstantAnnotation) for m in metadata):
         if isinstance(v, np.ndarray):
             raise TypeError(f"argument {name} is a ct.Constant parameter; got an array")
         return v
+    wide = any(getattr(m, "index_dtype", None) == ct.int64 or getattr(m, "dtype", None) == ct.int64
+               for m in metadata)
     if isinstance(v, np.ndarray):
-        return Array(v)
+        return Array(v, ct.int64 if wide else ct.int32)
     if v is None:
         return None
     if isinstance(v, bool):
         return scalar_tile(v, ct.bool_)
     if isinstance(v, int):
-        return int_scalar(v)
+        dtype = ct.int64 if wide else ct.int32
+        info = np.iinfo(np.int64 if wide else np.int32)
+        if not info.min <= v <= info.max:
+            raise ValueError(f"argument {name}: {v} is out of range of {dtype} "
+                             "(annotate the parameter ct.ScalarInt64 for int64)")
+        return scalar_tile(v, dtype)
     if isinstance(v, float):
         return scalar_tile(v, ct.float32)
     if isinstance(v, np.generic):
         return Tile(np.asarray(v), ct_dtype_of_numpy(v.dtype))
     if isinstance(v, (tuple, list)):
-        return tuple(_wrap_arg(name, e, False) for e in v)
+        return tuple(_wrap_arg(name, e) for e in v)
     raise TypeError(f"argument {name}: the CPU interpreter takes NumPy arrays and Python/NumPy "
                     f"scalars, got {type(v).__module__}.{type(v).__name__}")
 
@@ -213,8 +220,8 @@ def launch(grid, kernel, args) -> None:
     params = list(inspect.signature(pyfunc).parameters)
     if len(params) != len(args):
         raise TypeError(f"{pyfunc.__name__} takes {len(params)} arguments, got {len(args)}")
-    constants = _constant_params(pyfunc)
-    wrapped = tuple(_wrap_arg(p, a, p in constants) for p, a in zip(params, args))
+    metadata = _param_annotations(pyfunc)
+    wrapped = tuple(_wrap_arg(p, a, metadata.get(p, ())) for p, a in zip(params, args))
     func = _Rebinder().function(pyfunc)
     g = _grid(grid)
     programs = list(itertools.product(range(g[2]), range(g[1]), range(g[0])))

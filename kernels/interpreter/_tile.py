@@ -334,11 +334,12 @@ class Tile:
 class Array:
     """A cuTile global array on the CPU: a NumPy array (a view: stores write through) and its dtype."""
 
-    __slots__ = ("_a", "_dtype")
+    __slots__ = ("_a", "_dtype", "_index_dtype")
 
-    def __init__(self, a: np.ndarray):
+    def __init__(self, a: np.ndarray, index_dtype: ct.DType = ct.int32):
         self._a = a
         self._dtype = ct_dtype_of_numpy(a.dtype)
+        self._index_dtype = index_dtype  # int64 for ct.IndexedWithInt64 parameters
 
     @property
     def dtype(self) -> ct.DType:
@@ -346,12 +347,12 @@ class Array:
 
     @property
     def shape(self) -> tuple:
-        """Runtime int32 values, as in cuTile (not constants: they cannot be tile shapes)."""
-        return tuple(int_scalar(s) for s in self._a.shape)
+        """Runtime values of the index dtype, as in cuTile (not constants: never tile shapes)."""
+        return tuple(scalar_tile(s, self._index_dtype) for s in self._a.shape)
 
     @property
     def strides(self) -> tuple:
-        return tuple(int_scalar(s // self._a.itemsize) for s in self._a.strides)
+        return tuple(scalar_tile(s // self._a.itemsize, self._index_dtype) for s in self._a.strides)
 
     @property
     def ndim(self) -> int:
@@ -366,7 +367,7 @@ class Array:
         if not (0 <= start < n and start <= stop <= n):
             raise IndexError(f"Array.slice({start}, {stop}) out of range for axis {axis} of size {n}")
         key = (slice(None),) * axis + (slice(start, stop),)
-        return Array(self._a[key])
+        return Array(self._a[key], self._index_dtype)
 
     def __getattr__(self, name):
         raise NotImplementedError(f"the interpreter does not support Array.{name}")
