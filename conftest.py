@@ -3,6 +3,15 @@
 import functools
 
 import pytest
+from hypothesis import settings
+
+from properties.profiles import caps, profile_name, register_profiles
+
+# Hypothesis profiles (properties/profiles.py): `dev` by default, `ci` where CI is set,
+# $HYPOTHESIS_PROFILE to choose (`nightly` for the fuzz job). Loaded here, before any test
+# module builds its strategies, so the size caps and the settings always agree.
+register_profiles()
+settings.load_profile(profile_name())
 
 
 @functools.cache
@@ -40,3 +49,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") or item.get_closest_marker("benchmark"):
             item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    return (f"hypothesis profile: {profile_name()} ({settings.default.max_examples} examples, "
+            f"caps {caps()})")

@@ -1,0 +1,478 @@
+"""The properties: plain functions of (problem, backend) that raise AssertionError with the
+worst offending element, and return metrics (observed bound ratios) for `hypothesis.target`.
+
+`PROPERTIES` maps each name to its check and its strategy; the tests, the nightly fuzzer, the
+replayer and the mutant runner all go through it. The backend is 'interpreter' (NumPy arrays:
+the kernels run on the CPU tile interpreter) or 'gpu' (CuPy arrays).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from hypothesis import strategies as st
+
+import reference as R
+from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
+from kernels.arrays import outputs_filled_with
+from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
+                               decay_term, ftz_floor, kappa, tf32_bound)
+from properties.profiles import caps
+from properties.strategies import Problem, problems
+
+BACKENDS = ("interpreter", "gpu")
+
+
+# --------------------------------------------------------------------------------------------
+# Arrays on the backend, kernels with NaN-filled outputs
+
+
+def to_backend(a, backend: str):
+    if a is None:
+        return None
+    if backend == "gpu":
+        import cupy
+        return cupy.asarray(a)
+    return np.ascontiguousarray(a)
+
+
+def to_host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _call(kernel, backend: str, *args, **kwargs):
+    """`kernel` on backend copies of the arguments, every output pre-filled with NaN (an element
+    the kernel fails to write cannot pass); outputs back as NumPy arrays."""
+    args = [to_backend(a, backend) if isinstance(a, np.ndarray) else a for a in args]
+    kwargs = {k: to_backend(v, backend) if isinstance(v, np.ndarray) else v
+              for k, v in kwargs.items()}
+    with outputs_filled_with(math.nan):
+        out = kernel(*args, **kwargs)
+    return tuple(to_host(o) for o in out) if isinstance(out, tuple) else to_host(out)
+
+
+def forward(p: Problem, backend: str):
+    """(y, final_states) of ssd_forward on the backend."""
+    return _call(ssd_forward, backend, p.x, p.dt, p.A, p.B, p.C, p.chunk_size,
+                 return_final_states=True, **p.options())
+
+
+# --------------------------------------------------------------------------------------------
+# Expected values and bounds
+
+
+def _max_abs(*arrays) -> list[float]:
+    return [0.0 if a is None else float(np.max(np.abs(a), initial=0.0)) for a in arrays]
+
+
+def _floor(p: Problem, dt_out, states) -> float:
+    d = p.dims
+    return ftz_floor(d.seqlen, d.dstate, *_max_abs(p.x, p.B, p.C, dt_out, states, p.D, p.z))
+
+
+@dataclass
+class ForwardBounds:
+    y: np.ndarray  # per-element bound on |y - y_ref|
+    final: np.ndarray  # per-element bound on |final_states - ref|
+    M: np.ndarray
+    final_M: np.ndarray
+    floor: float  # the flush-to-zero allowance inside both bounds
+
+
+def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: float = 0.0,
+                   chunk_decay_factor: float = 1.0) -> ForwardBounds:
+    """Bounds of ssd_forward on `p` at `chunk_size` (default p's), from bounds.py.
+
+    `extra_kappa` adds TF32 roundings on the way (a state handed from one call to the next);
+    `chunk_decay_factor` scales Lambda, the largest in-chunk decay, for runs whose chunks start
+    elsewhere than p's (a chunk of another run overlaps at most 2 of p's chunks: factor 2).
+    """
+    cs = chunk_size or p.chunk_size
+    d = p.dims
+    opts = p.options()
+    A_weaker = np.asarray(p.A, np.float64) * (1.0 - DECAY_ETA)
+    M = R.ssd_magnitude(p.x, p.dt, p.A, p.B, p.C, cs, **opts)
+    M_w = R.ssd_magnitude(p.x, p.dt, A_weaker, p.B, p.C, cs, **opts)
+    cumsum_args = (cs, p.dt_bias, p.dt_softplus, p.dt_limit)
+    dt_out, dA = R.chunk_cumsum_ref(p.dt, p.A, *cumsum_args)
+    _, dA_w = R.chunk_cumsum_ref(p.dt, A_weaker, *cumsum_args)
+    lam = chunk_decay_factor * float(np.max(np.abs(dA)))
+    final_M = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA, p.initial_states, p.seq_idx)[1]
+    final_M_w = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA_w, p.initial_states,
+                                           p.seq_idx)[1]
+    floor = _floor(p, dt_out, p.initial_states)
+    k_y = kappa("forward", d.seqlen, cs, d.dstate) + extra_kappa
+    k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate) + extra_kappa
+    return ForwardBounds(
+        y=tf32_bound(M, k_y) + decay_term(M, M_w, cs, lam) + floor,
+        final=tf32_bound(final_M, k_s) + decay_term(final_M, final_M_w, cs, lam) + floor,
+        M=M, final_M=final_M, floor=floor)
+
+
+def check_close(what: str, got, ref, bound, M, p: Problem, *, label: str | None = None,
+                floor: float = 0.0) -> dict:
+    """Assert every element of `got` is finite and within `bound` of `ref`; return the observed
+    max err/(u*M) (of the error beyond the flush-to-zero allowance `floor`) and max err/bound,
+    keyed by `label` (default `what`: a stable name, so hypothesis.target can follow it)."""
+    got = np.asarray(got, np.float64)
+    ref = np.asarray(ref, np.float64)
+    bad = ~np.isfinite(got)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {int(bad.sum())} non-finite outputs, first at {idx} "
+                             f"({got[idx]}; reference {ref[idx]:.6g})\n  {p.describe()}")
+    err = np.abs(got - ref)
+    bound = np.broadcast_to(bound, err.shape)
+    use = err / np.where(bound > 0, bound, np.inf)
+    use[(err > 0) & (bound <= 0)] = np.inf
+    worst = np.unravel_index(int(np.argmax(use)), use.shape) if use.size else ()
+    over = err > bound
+    M = np.broadcast_to(M, err.shape)
+    beyond = np.maximum(err - floor, 0.0)
+    ratio = float(np.max(np.where(M > 0, beyond / np.where(M > 0, M, 1.0), 0.0),
+                         initial=0.0)) / U_TF32
+    if over.any():
+        w = tuple(int(i) for i in worst)
+        raise AssertionError(
+            f"{what}: {int(over.sum())} of {err.size} elements outside the bound; worst at {w}: "
+            f"got {got[w]:.9g}, reference {ref[w]:.9g}, |err| {err[w]:.3g} > bound {bound[w]:.3g} "
+            f"(err/(u*M) = {err[w] / (U_TF32 * M[w]) if M[w] > 0 else math.inf:.3g}, "
+            f"max over elements {ratio:.3g})\n  {p.describe()}")
+    label = label or what
+    return {f"{label} err/(u*M)": ratio, f"{label} err/bound": float(np.max(use, initial=0.0))}
+
+
+def check_identical(what: str, got, expected, p: Problem):
+    """Assert bit-identical arrays (same shape, same bits, no NaN)."""
+    got, expected = np.asarray(got), np.asarray(expected)
+    if got.shape != expected.shape:
+        raise AssertionError(f"{what}: shapes differ, {got.shape} vs {expected.shape}\n"
+                             f"  {p.describe()}")
+    same = (got.view(np.uint32) == expected.view(np.uint32)) if got.dtype == np.float32 \
+        else got == expected
+    if not same.all():
+        w = tuple(int(i) for i in np.argwhere(~same)[0])
+        raise AssertionError(f"{what}: {int((~same).sum())} of {same.size} elements differ; "
+                             f"first at {w}: {got[w]!r} vs {expected[w]!r}\n  {p.describe()}")
+
+
+def _f32(a):
+    return None if a is None else np.asarray(a, np.float32)
+
+
+def _merge(*metrics: dict) -> dict:
+    out = {}
+    for m in metrics:
+        out.update(m)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The properties
+
+
+def forward_tf32_bound(p: Problem, backend: str) -> dict:
+    """ssd_forward's y and final_states against the float64 recurrence, per element within
+    kappa u M (+ the cumsum and flush-to-zero terms); every output finite."""
+    y, final = forward(p, backend)
+    y_ref, final_ref = R.ssd_recurrent(p.x, p.dt, p.A, p.B, p.C, **p.options())
+    b = forward_bounds(p)
+    return _merge(check_close("forward y", y, y_ref, b.y, b.M, p, floor=b.floor),
+                  check_close("forward final_states", final, final_ref, b.final, b.final_M, p,
+                              floor=b.floor))
+
+
+def chunk_cumsum_alone(p: Problem, backend: str) -> dict:
+    """chunk_cumsum alone: dt_out within C_DT u32 relative, dA_cumsum within gamma |a|."""
+    args = (p.chunk_size, p.dt_bias, p.dt_softplus, p.dt_limit)
+    dt_out, dA = _call(chunk_cumsum, backend, p.dt, p.A, *args)
+    dt_ref, dA_ref = R.chunk_cumsum_ref(p.dt, p.A, *args)
+    dt_bound, dA_bound = chunk_cumsum_bound(dt_ref, dA_ref, p.chunk_size)
+    # + the flush-to-zero allowance: every term dt * A below 2^-126 may vanish
+    return _merge(
+        check_close("chunk_cumsum dt_out", dt_out, dt_ref, dt_bound + FTZ_MIN, np.abs(dt_ref), p,
+                    floor=FTZ_MIN),
+        check_close("chunk_cumsum dA_cumsum", dA, dA_ref, dA_bound + p.chunk_size * FTZ_MIN,
+                    np.abs(dA_ref), p, floor=p.chunk_size * FTZ_MIN))
+
+
+def _exact_upstream(p: Problem):
+    """dt_out, dA_cumsum and chunk_states of the float64 references rounded to float32: the
+    inputs of one kernel alone, exactly representable so kernel and reference read the same."""
+    dt_out, dA = (_f32(a) for a in R.chunk_cumsum_ref(p.dt, p.A, p.chunk_size, p.dt_bias,
+                                                      p.dt_softplus, p.dt_limit))
+    states, _ = R.fwd_pass_state_ref(p.x, p.B, dt_out, dA, p.initial_states, p.seq_idx)
+    return dt_out, dA, _f32(states)
+
+
+def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
+    """fwd_pass_state alone (fp32-exact dt_out, dA_cumsum): chunk_states and final_states
+    within kappa('fwd_pass_state') u M."""
+    d = p.dims
+    dt_out, dA, _ = _exact_upstream(p)
+    states, final = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states,
+                          p.seq_idx)
+    states_ref, final_ref = R.fwd_pass_state_ref(p.x, p.B, dt_out, dA, p.initial_states,
+                                                 p.seq_idx)
+    states_M, final_M = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA, p.initial_states,
+                                                   p.seq_idx)
+    k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate)
+    floor = _floor(p, dt_out, p.initial_states)
+    return _merge(
+        check_close("fwd_pass_state chunk_states", states, states_ref,
+                    tf32_bound(states_M, k) + floor, states_M, p, floor=floor),
+        check_close("fwd_pass_state final_states", final, final_ref,
+                    tf32_bound(final_M, k) + floor, final_M, p, floor=floor))
+
+
+def compute_out_alone(p: Problem, backend: str) -> dict:
+    """compute_out alone (fp32-exact dt_out, dA_cumsum, chunk_states): y within
+    kappa('compute_out') u M."""
+    d = p.dims
+    dt_out, dA, states = _exact_upstream(p)
+    args = (p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx)
+    y = _call(compute_out, backend, *args)
+    y_ref = R.compute_out_ref(*args)
+    M = R.compute_out_magnitude(*args)
+    bound = tf32_bound(M, kappa("compute_out", d.seqlen, d.chunk_size, d.dstate))
+    floor = _floor(p, dt_out, states)
+    return check_close("compute_out y", y, y_ref, bound + floor, M, p, floor=floor)
+
+
+def causal_prefix(p: Problem, backend: str) -> dict:
+    """Changing x, B, C, dt at every position > t (to large finite values too) leaves
+    y[:, :t+1] bit-identical."""
+    t, large = p.params["t"], p.params["large"]
+    rng = np.random.default_rng(p.params["seed"])
+    scale = 1e4 if large else 1.0
+    changed = {}
+    for name in ("x", "B", "C", "dt"):
+        a = getattr(p, name).copy()
+        later = a[:, t + 1:]
+        new = rng.standard_normal(later.shape) * scale * (np.abs(later).max(initial=0.0) + 1.0)
+        if name == "dt":
+            new = np.abs(new) * (100.0 if large else 1.0)
+        a[:, t + 1:] = new
+        changed[name] = a
+    y, _ = forward(p, backend)
+    y2, _ = forward(p.replace(**changed), backend)
+    check_identical(f"y[:, :{t + 1}] after changing x, B, C, dt beyond t={t}",
+                    y2[:, :t + 1], y[:, :t + 1], p)
+    return {}
+
+
+def cumsum_non_increasing(p: Problem, backend: str) -> dict:
+    """chunk_cumsum's dA_cumsum: finite, <= 0, non-increasing within every chunk."""
+    _, dA = _call(chunk_cumsum, backend, p.dt, p.A, p.chunk_size, p.dt_bias, p.dt_softplus,
+                  p.dt_limit)
+    if not np.isfinite(dA).all():
+        raise AssertionError(f"dA_cumsum has non-finite entries\n  {p.describe()}")
+    if (dA > 0).any():
+        w = tuple(int(i) for i in np.argwhere(dA > 0)[0])
+        raise AssertionError(f"dA_cumsum > 0 at {w}: {dA[w]!r}\n  {p.describe()}")
+    rise = np.diff(dA, axis=-1) > 0
+    if rise.any():
+        w = tuple(int(i) for i in np.argwhere(rise)[0])
+        nxt = w[:-1] + (w[-1] + 1,)
+        raise AssertionError(f"dA_cumsum increases within a chunk at (batch, head, chunk, pos) "
+                             f"{w}: {dA[w]!r} -> {dA[nxt]!r}\n  {p.describe()}")
+    return {}
+
+
+def chunk_size_invariance(p: Problem, backend: str) -> dict:
+    """y at two chunk sizes agree within the sum of their bounds."""
+    other = p.params["other_chunk_size"]
+    y1, _ = forward(p, backend)
+    y2, _ = forward(p.replace(chunk_size=other), backend)
+    b1, b2 = forward_bounds(p), forward_bounds(p, other)
+    return check_close(f"y at chunk_size {p.chunk_size} vs {other}", y1, y2, b1.y + b2.y,
+                       b1.M, p, label="chunk_size invariance y", floor=b1.floor + b2.floor)
+
+
+def _part(p: Problem, start: int, stop: int, batch=slice(None), initial_states=None) -> Problem:
+    """The tokens [start, stop) of rows `batch` of p, as a problem of its own."""
+    def cut(a):
+        return None if a is None else a[batch, start:stop]
+    return p.replace(x=cut(p.x), dt=cut(p.dt), B=cut(p.B), C=cut(p.C), z=cut(p.z),
+                     seq_idx=None, initial_states=initial_states)
+
+
+def split_carries_state(p: Problem, backend: str) -> dict:
+    """Two calls split at position k, final_states of the first as initial_states of the
+    second, reproduce the single call (y and final_states) within the bounds."""
+    k = p.params["split"]
+    y, final = forward(p, backend)
+    y1, final1 = forward(_part(p, 0, k, initial_states=p.initial_states), backend)
+    y2, final2 = forward(_part(p, k, p.dims.seqlen, initial_states=final1), backend)
+    d = p.dims
+    single = forward_bounds(p)
+    # the split run: its second part's chunks start at k (Lambda at most doubled) and it reads
+    # a state with fwd_pass_state's own error: + its TF32 roundings
+    split = forward_bounds(p, extra_kappa=kappa("fwd_pass_state", d.seqlen, d.chunk_size,
+                                                d.dstate), chunk_decay_factor=2.0)
+    return _merge(
+        check_close(f"y split at {k} vs single call", np.concatenate([y1, y2], axis=1), y,
+                    single.y + split.y, single.M, p, label="split y",
+                    floor=single.floor + split.floor),
+        check_close(f"final_states split at {k} vs single call", final2, final,
+                    single.final + split.final, single.final_M, p, label="split final_states",
+                    floor=single.floor + split.floor))
+
+
+def seq_idx_packing(p: Problem, backend: str) -> dict:
+    """A packed call with seq_idx equals separate calls on every segment (the first segment
+    of a row starting from initial_states, the others from zero), within the bounds."""
+    y, final = forward(p, backend)
+    y_sep = np.empty_like(y)
+    final_sep = np.empty_like(final)
+    for b in range(p.dims.batch):
+        row = p.seq_idx[b]
+        starts = [0] + [int(i) for i in np.flatnonzero(row[1:] != row[:-1]) + 1]
+        stops = starts[1:] + [p.dims.seqlen]
+        for i, (s0, s1) in enumerate(zip(starts, stops)):
+            init = None if (i or p.initial_states is None) else p.initial_states[b:b + 1]
+            ys, fs = forward(_part(p, s0, s1, slice(b, b + 1), init), backend)
+            y_sep[b:b + 1, s0:s1] = ys
+            final_sep[b:b + 1] = fs
+    bounds = forward_bounds(p, chunk_decay_factor=2.0)
+    return _merge(
+        check_close("y packed with seq_idx vs separate calls", y, y_sep, 2 * bounds.y,
+                    bounds.M, p, floor=2 * bounds.floor),
+        check_close("final_states packed vs last segment's call", final, final_sep,
+                    2 * bounds.final, bounds.final_M, p, floor=2 * bounds.floor))
+
+
+def ragged_equals_padded(p: Problem, backend: str) -> dict:
+    """A ragged last chunk gives bit-identically the y of the same run zero-padded to a
+    multiple of chunk_size."""
+    d = p.dims
+    padded_len = -(-d.seqlen // d.chunk_size) * d.chunk_size
+
+    def pad(a, mode="constant"):
+        if a is None:
+            return None
+        width = [(0, 0), (0, padded_len - d.seqlen)] + [(0, 0)] * (a.ndim - 2)
+        return np.pad(a, width, mode=mode)
+
+    y, _ = forward(p, backend)
+    y_pad, _ = forward(p.replace(x=pad(p.x), dt=pad(p.dt), B=pad(p.B), C=pad(p.C), z=pad(p.z),
+                                 seq_idx=pad(p.seq_idx, "edge")), backend)
+    check_identical(f"y of seqlen {d.seqlen} vs zero-padded to {padded_len}",
+                    y, y_pad[:, :d.seqlen], p)
+    return {}
+
+
+def linearity_in_x(p: Problem, backend: str) -> dict:
+    """y(2^k x1 + x2) = 2^k y(x1) + y(x2) within the three bounds (z = None, no initial
+    state: y is linear in x)."""
+    alpha = 2.0 ** p.params["alpha_log2"]
+    rng = np.random.default_rng(p.params["seed"])
+    x2 = _f32(rng.standard_normal(p.x.shape) * (np.abs(p.x).max(initial=0.0) + 1e-30))
+    x12 = _f32(alpha * p.x.astype(np.float64) + x2)
+    y1, _ = forward(p, backend)
+    y2, _ = forward(p.replace(x=x2), backend)
+    y12, _ = forward(p.replace(x=x12), backend)
+    b1, b2 = forward_bounds(p), forward_bounds(p.replace(x=x2))
+    b12 = forward_bounds(p.replace(x=x12))
+    # x12 is alpha x1 + x2 rounded to fp32: y moves by <= u32 M12 for that rounding
+    bound = b12.y + alpha * b1.y + b2.y + U_FP32 * b12.M
+    combined = alpha * y1.astype(np.float64) + y2
+    return check_close(f"y(2^{p.params['alpha_log2']} x1 + x2) vs the same of y", y12,
+                       combined, bound, b12.M, p, label="linearity y",
+                       floor=b12.floor + alpha * b1.floor + b2.floor)
+
+
+def head_permutation(p: Problem, backend: str) -> dict:
+    """Permuting heads within their groups permutes y's heads, bit-identically."""
+    perm = np.asarray(p.params["perm"])
+    y, final = forward(p, backend)
+
+    def take(a, axis):
+        return None if a is None else np.take(a, perm, axis=axis)
+
+    q = p.replace(x=take(p.x, 2), dt=take(p.dt, 2), A=take(p.A, 0), D=take(p.D, 0),
+                  z=take(p.z, 2), dt_bias=take(p.dt_bias, 0),
+                  initial_states=take(p.initial_states, 1))
+    y_perm, final_perm = forward(q, backend)
+    check_identical(f"y with heads permuted by {perm.tolist()}", y_perm, take(y, 2), p)
+    check_identical("final_states with heads permuted", final_perm, take(final, 1), p)
+    return {}
+
+
+def determinism(p: Problem, backend: str) -> dict:
+    """Two runs on the same input are bit-identical (y and final_states)."""
+    y, final = forward(p, backend)
+    y2, final2 = forward(p, backend)
+    check_identical("y of two runs", y2, y, p)
+    check_identical("final_states of two runs", final2, final, p)
+    return {}
+
+
+# --------------------------------------------------------------------------------------------
+# Strategies with each property's own parameters, and the registry
+
+
+def _with(strategy, **params):
+    """Problems from `strategy`, with params drawn by the callables in `params` (each takes
+    the problem and returns a strategy)."""
+    @st.composite
+    def draw_case(draw):
+        p = draw(strategy)
+        return p.replace(params={k: draw(f(p)) for k, f in params.items()})
+    return draw_case()
+
+
+def _seeds(p):
+    return st.integers(0, 2**32 - 1)
+
+
+def _perms(p):
+    d = p.dims
+    per_group = d.nheads // d.ngroups
+    return st.lists(st.permutations(range(per_group)), min_size=d.ngroups,
+                    max_size=d.ngroups).map(
+        lambda perms: [g * per_group + i for g, perm in enumerate(perms) for i in perm])
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    check: Callable[[Problem, str], dict]
+    strategy: Callable[[], st.SearchStrategy]  # built when asked: the caps of the profile then
+
+
+PROPERTIES = {prop.name: prop for prop in [
+    Property("forward_tf32_bound", forward_tf32_bound, lambda: problems()),
+    Property("extreme_decays_finite_and_bounded", forward_tf32_bound,
+             lambda: problems(extreme=True)),
+    Property("chunk_cumsum_alone", chunk_cumsum_alone, lambda: problems()),
+    Property("fwd_pass_state_alone", fwd_pass_state_alone, lambda: problems()),
+    Property("compute_out_alone", compute_out_alone, lambda: problems()),
+    Property("causal_prefix", causal_prefix, lambda: _with(
+        problems(min_seqlen=2), t=lambda p: st.integers(0, p.dims.seqlen - 2),
+        large=lambda p: st.booleans(), seed=_seeds)),
+    Property("cumsum_non_increasing", cumsum_non_increasing, lambda: problems(extreme=True)),
+    Property("chunk_size_invariance", chunk_size_invariance, lambda: _with(
+        problems(), other_chunk_size=lambda p: st.sampled_from(
+            [c for c in caps().chunk_sizes if c != p.chunk_size]))),
+    Property("split_carries_state", split_carries_state, lambda: _with(
+        problems(segments=False, min_seqlen=2),
+        split=lambda p: st.integers(1, p.dims.seqlen - 1))),
+    Property("seq_idx_packing", seq_idx_packing, lambda: problems(segments=True, min_seqlen=2)),
+    Property("ragged_equals_padded", ragged_equals_padded, lambda: problems(ragged=True)),
+    Property("linearity_in_x", linearity_in_x, lambda: _with(
+        problems(gate=False, initial_states=False),
+        alpha_log2=lambda p: st.integers(-4, 4), seed=_seeds)),
+    Property("head_permutation", head_permutation, lambda: _with(problems(), perm=_perms)),
+    Property("determinism", determinism, lambda: problems()),
+]}
+
+
+def run(name: str, p: Problem, backend: str) -> dict:
+    """Check property `name` on `p`; AssertionError if it does not hold; its metrics."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return PROPERTIES[name].check(p, backend)

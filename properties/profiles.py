@@ -1,0 +1,74 @@
+"""Hypothesis profiles of the property suite and the size caps that go with each.
+
+`conftest.py` registers and loads them; `python -m properties.fuzz` loads `nightly` itself.
+Which profile: $HYPOTHESIS_PROFILE if set, else `ci` where CI is set (CI=true), else `dev`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from contract import CHUNK_SIZES
+
+# Where the nightly profile keeps its example database (failures found at night replay first
+# the next night; the fuzz command points it into its output folder).
+NIGHTLY_DATABASE = ".hypothesis/nightly"
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The largest sizes a profile draws (the interpreter is Python: small on the CPU)."""
+
+    batch: int
+    seqlen: int
+    nheads: int
+    headdim: int
+    dstate: int
+    chunk_sizes: tuple[int, ...] = CHUNK_SIZES
+
+
+CAPS = {
+    "dev": Caps(batch=2, seqlen=200, nheads=4, headdim=32, dstate=32),
+    "ci": Caps(batch=2, seqlen=300, nheads=4, headdim=64, dstate=64),
+    "nightly": Caps(batch=3, seqlen=1100, nheads=8, headdim=128, dstate=128),
+}
+
+# Slow-by-design tests (reference runs in float64, several kernel runs per example).
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+
+def register_profiles():
+    """Register `dev`, `ci` and `nightly` with Hypothesis (idempotent)."""
+    settings.register_profile(
+        "dev", max_examples=10, deadline=None, suppress_health_check=_SLOW_OK)
+    # derandomized: the same examples on every run, so CI is reproducible; no database, so a
+    # runner's leftovers cannot change what runs; bounded: the whole suite in a few minutes
+    settings.register_profile(
+        "ci", max_examples=100, derandomize=True, database=None, deadline=None,
+        print_blob=True, suppress_health_check=_SLOW_OK)
+    settings.register_profile(
+        "nightly", max_examples=400, deadline=None, print_blob=True,
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+        database=DirectoryBasedExampleDatabase(NIGHTLY_DATABASE),
+        suppress_health_check=_SLOW_OK)
+
+
+def profile_name() -> str:
+    """The profile to load: $HYPOTHESIS_PROFILE, else `ci` under CI, else `dev`."""
+    name = os.environ.get("HYPOTHESIS_PROFILE")
+    if name:
+        if name not in CAPS:
+            raise ValueError(f"HYPOTHESIS_PROFILE must be one of {sorted(CAPS)}, got {name!r}")
+        return name
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        return "ci"
+    return "dev"
+
+
+def caps() -> Caps:
+    """The size caps of the active profile."""
+    return CAPS[profile_name()]

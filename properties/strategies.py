@@ -1,0 +1,270 @@
+"""Hypothesis strategies: draw the sizes, the options, the decay regime and a seed; generate
+the arrays from the seed.
+
+Drawing only small integers and floats (never whole arrays) keeps shrinking effective (towards
+fewer tokens, fewer heads, smaller dims, seed 0) and every example replays from its `Spec`.
+Every array is float32 (the kernels' input type); the float64 references read the same values,
+so kernel and reference see exactly the same inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import strategies as st
+
+import reference as R
+from contract import Dims
+from properties.profiles import Caps, caps
+
+PRIMES = (2, 3, 5, 7, 11, 13, 17, 31, 61, 127, 251, 257, 509, 1021)
+DT_LIMITS = ((0.0, math.inf), (1e-3, math.inf), (0.0, 0.1), (1e-4, 1.0))
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything an example draws; `problem(spec)` turns it into arrays."""
+
+    batch: int
+    seqlen: int
+    nheads: int
+    ngroups: int
+    headdim: int
+    dstate: int
+    chunk_size: int
+    D: str | None  # None, 'head' (nheads,) or 'channel' (nheads, headdim)
+    z: bool
+    dt_mode: str  # 'plain', 'negative' (raw dt < 0 clamped to 0) or 'softplus'
+    dt_bias: bool
+    dt_limit: tuple[float, float]
+    initial_states: bool
+    segments: int  # > 1: a seq_idx with that many segments per batch row; 1: no seq_idx
+    decay: float  # log10 of the largest |dt * A| * chunk_size (4: exponents reach -1e4 * log2 e)
+    decay_spread: float  # decades of |A| across heads, below the largest
+    scales: tuple[float, float, float]  # log10 of the scale of x, B, C (fp32 edges: +-8)
+    tails: float  # decades of elementwise spread of x, B, C around their scale
+    seed: int
+
+    @property
+    def dims(self) -> Dims:
+        return Dims(self.batch, self.seqlen, self.nheads, self.headdim, self.ngroups,
+                    self.dstate, self.chunk_size)
+
+
+@dataclass
+class Problem:
+    """The arguments of one forward: float32 arrays, int32 seq_idx, the options; plus the
+    property's own parameters (`params`, JSON-able) and where it came from (`spec`)."""
+
+    x: np.ndarray
+    dt: np.ndarray
+    A: np.ndarray
+    B: np.ndarray
+    C: np.ndarray
+    chunk_size: int
+    D: np.ndarray | None = None
+    z: np.ndarray | None = None
+    dt_bias: np.ndarray | None = None
+    initial_states: np.ndarray | None = None
+    seq_idx: np.ndarray | None = None
+    dt_softplus: bool = False
+    dt_limit: tuple[float, float] = (0.0, math.inf)
+    params: dict = field(default_factory=dict)
+    spec: str = ""
+
+    ARRAYS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
+
+    @property
+    def dims(self) -> Dims:
+        batch, seqlen, nheads, headdim = self.x.shape
+        return Dims(batch, seqlen, nheads, headdim, self.B.shape[2], self.B.shape[3],
+                    self.chunk_size)
+
+    def options(self) -> dict:
+        """Keyword arguments of ssd_forward / the references after (x, dt, A, B, C)."""
+        return dict(D=self.D, z=self.z, dt_bias=self.dt_bias, initial_states=self.initial_states,
+                    seq_idx=self.seq_idx, dt_softplus=self.dt_softplus, dt_limit=self.dt_limit)
+
+    def replace(self, **changes) -> "Problem":
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        d = self.dims
+        opts = [name for name in ("D", "z", "dt_bias", "initial_states", "seq_idx")
+                if getattr(self, name) is not None]
+        if self.dt_softplus:
+            opts.append("softplus")
+        return (f"batch={d.batch} seqlen={d.seqlen} nheads={d.nheads} ngroups={d.ngroups} "
+                f"headdim={d.headdim} dstate={d.dstate} chunk_size={d.chunk_size} "
+                f"dt_limit={self.dt_limit} options={opts} params={self.params}")
+
+    def save(self, path, prop: str):
+        """A self-contained reproducer: every array, the options, the property's name."""
+        arrays = {k: getattr(self, k) for k in self.ARRAYS if getattr(self, k) is not None}
+        meta = dict(property=prop, chunk_size=self.chunk_size, dt_softplus=self.dt_softplus,
+                    dt_limit=list(self.dt_limit), params=self.params, spec=self.spec)
+        np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
+
+    @classmethod
+    def load(cls, path) -> tuple[str, "Problem"]:
+        """(property name, problem) of a reproducer written by `save`."""
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f["meta"]))
+            arrays = {k: f[k] for k in cls.ARRAYS if k in f}
+        problem = cls(chunk_size=int(meta["chunk_size"]), dt_softplus=bool(meta["dt_softplus"]),
+                      dt_limit=tuple(float(v) for v in meta["dt_limit"]), params=meta["params"],
+                      spec=meta["spec"], **arrays)
+        return meta["property"], problem
+
+
+def _seqlens(cap: int, chunk_size: int):
+    """seqlen: 1, multiples of chunk_size and +-1, primes, anything up to the cap."""
+    multiples = [k * chunk_size + d for k in range(1, cap // chunk_size + 1) for d in (-1, 0, 1)]
+    special = sorted({n for n in [1, *multiples, *PRIMES] if 1 <= n <= cap})
+    return st.one_of(st.sampled_from(special), st.integers(1, cap))
+
+
+def _dims_upto(cap: int):
+    """headdim / dstate: powers of two and any size (masked, padded tiles), 1 included."""
+    pow2 = [1 << k for k in range(cap.bit_length()) if 1 << k <= cap]
+    return st.one_of(st.sampled_from(pow2), st.integers(1, cap))
+
+
+@st.composite
+def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
+          ragged: bool | None = None, extreme: bool = False, gate: bool | None = None,
+          initial_states: bool | None = None, min_seqlen: int = 1):
+    """A Spec within `limits` (default: the active profile's caps).
+
+    `segments`, `gate`, `initial_states`: force the option on (True) or off (False); `ragged`:
+    force seqlen % chunk_size != 0; `extreme`: decays of 1e3..1e4 per chunk and values near the
+    fp32 edges.
+    """
+    c = limits or caps()
+    chunk_size = draw(st.sampled_from(c.chunk_sizes))
+    if ragged:
+        seqlen = draw(_seqlens(c.seqlen, chunk_size).filter(lambda n: n % chunk_size != 0
+                                                            and n >= min_seqlen))
+    else:
+        seqlen = draw(_seqlens(c.seqlen, chunk_size).filter(lambda n: n >= min_seqlen))
+    ngroups = draw(st.integers(1, c.nheads))
+    nheads = ngroups * draw(st.integers(1, c.nheads // ngroups))
+    n_segments = 1
+    if segments is not False and seqlen > 1:
+        n_segments = draw(st.integers(2, min(seqlen, 6))) if segments else \
+            draw(st.sampled_from([1, 1, 2, 3, 5]).map(lambda k: min(k, seqlen)))
+    if extreme:
+        decay = draw(st.floats(3.0, 4.0))
+        scales = [draw(st.floats(-8.0, 8.0)) for _ in range(3)]
+        # keep the product of the three scales (a term of y) inside [1e-20, 1e12]: y stays
+        # finite and above the flush-to-zero range whatever the tails
+        excess = max(sum(scales) - 12.0, 0.0) + min(sum(scales) + 20.0, 0.0)
+        scales = tuple(s - excess / 3.0 for s in scales)
+    else:
+        decay = draw(st.floats(-3.0, 4.0))
+        scales = tuple(draw(st.floats(-3.0, 3.0)) for _ in range(3))
+    dt_mode = draw(st.sampled_from(["plain", "negative", "softplus"]))
+    return Spec(
+        batch=draw(st.integers(1, c.batch)),
+        seqlen=seqlen,
+        nheads=nheads,
+        ngroups=ngroups,
+        headdim=draw(_dims_upto(c.headdim)),
+        dstate=draw(_dims_upto(c.dstate)),
+        chunk_size=chunk_size,
+        D=draw(st.sampled_from([None, "head", "channel"])),
+        z=draw(st.booleans()) if gate is None else gate,
+        dt_mode=dt_mode,
+        dt_bias=True if dt_mode == "softplus" else draw(st.booleans()),
+        dt_limit=draw(st.sampled_from(DT_LIMITS)),
+        initial_states=draw(st.booleans()) if initial_states is None else initial_states,
+        segments=n_segments,
+        decay=decay,
+        decay_spread=draw(st.floats(0.0, 6.0)),
+        scales=scales,
+        tails=draw(st.sampled_from([0.0, 0.0, 1.0, 3.0])),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+def _f32(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32)
+
+
+def _values(rng, shape, scale_log10: float, tails: float) -> np.ndarray:
+    """Normal values times 10^scale, spread elementwise over +-`tails` decades, some exact zeros."""
+    v = rng.standard_normal(shape) * 10.0 ** scale_log10
+    if tails:
+        v *= 10.0 ** rng.uniform(-tails, tails, shape)
+    v[rng.random(shape) < 0.05] = 0.0
+    return _f32(v)
+
+
+def _raw_dt(rng, spec: Spec, shape):
+    if spec.dt_mode == "plain":
+        lo = rng.uniform(-4.0, -1.0)
+        return _f32(10.0 ** rng.uniform(lo, lo + rng.uniform(0.0, 3.0), shape))
+    if spec.dt_mode == "negative":
+        return _f32(rng.uniform(-0.5, 1.0, shape) * 10.0 ** rng.uniform(-3.0, 0.0))
+    # softplus: v = dt + dt_bias from about -20 (softplus ~ 2e-9) to beyond the threshold 20
+    return _f32(rng.normal(rng.uniform(-4.0, 2.0), rng.uniform(0.1, 8.0), shape))
+
+
+def _seq_idx(rng, spec: Spec) -> np.ndarray:
+    """Sorted segment ids with spec.segments segments per row (cuts anywhere, also at 1 and at
+    chunk boundaries)."""
+    rows = []
+    for _ in range(spec.batch):
+        candidates = np.arange(1, spec.seqlen)
+        boundaries = [k * spec.chunk_size for k in range(1, spec.seqlen // spec.chunk_size + 1)
+                      if k * spec.chunk_size < spec.seqlen]
+        if boundaries and rng.random() < 0.5:
+            candidates = np.array(boundaries + [1])
+        cuts = rng.choice(candidates, size=min(spec.segments - 1, len(candidates)), replace=False)
+        row = np.zeros(spec.seqlen, dtype=np.int32)
+        for cut in cuts:
+            row[cut:] += 1
+        rows.append(row)
+    return np.stack(rows)
+
+
+def problem(spec: Spec) -> Problem:
+    """The arrays of `spec`, generated from its seed (deterministic)."""
+    rng = np.random.default_rng(spec.seed)
+    d = spec.dims
+    x = _values(rng, d.shape("x"), spec.scales[0], spec.tails)
+    B = _values(rng, d.shape("B"), spec.scales[1], spec.tails)
+    C = _values(rng, d.shape("C"), spec.scales[2], spec.tails)
+    dt = _raw_dt(rng, spec, d.shape("dt"))
+    dt_bias = _f32(rng.normal(-3.0, 3.0, d.nheads)) if spec.dt_bias else None
+    softplus = spec.dt_mode == "softplus"
+    # A from the processed dt, so that the largest |dt * A| * chunk_size of each head is
+    # 10^(decay - spread_h): log-uniform over many decades across heads
+    dt_out, _ = R.chunk_cumsum_ref(dt, -np.ones(d.nheads, np.float32), spec.chunk_size,
+                                   dt_bias, softplus, spec.dt_limit)
+    dt_max = dt_out.max(axis=(0, 2, 3))
+    dt_max = np.where(dt_max > 0, dt_max, 1.0)
+    spread = rng.uniform(0.0, spec.decay_spread, d.nheads)
+    log_a = np.clip(spec.decay - spread - np.log10(dt_max * spec.chunk_size), -30.0, 30.0)
+    A = -_f32(10.0 ** log_a)
+    D = None
+    if spec.D == "head":
+        D = _f32(rng.standard_normal(d.nheads))
+    elif spec.D == "channel":
+        D = _f32(rng.standard_normal(d.shape("D")))
+    z = _f32(rng.standard_normal(d.shape("z")) * 3.0) if spec.z else None
+    init = (_values(rng, d.shape("initial_states"), spec.scales[0], spec.tails)
+            if spec.initial_states else None)
+    seq_idx = _seq_idx(rng, spec) if spec.segments > 1 else None
+    return Problem(x=x, dt=dt, A=A, B=B, C=C, chunk_size=spec.chunk_size, D=D, z=z,
+                   dt_bias=dt_bias, initial_states=init, seq_idx=seq_idx, dt_softplus=softplus,
+                   dt_limit=spec.dt_limit, spec=repr(spec))
+
+
+def problems(**kwargs):
+    """Problems (arrays generated from a drawn Spec); kwargs as `specs`."""
+    return specs(**kwargs).map(problem)

@@ -1,0 +1,108 @@
+"""The property suite (`pytest -m properties`): every property of properties/checks.py under
+Hypothesis, on the backend of the `backend` fixture (GPU if present, else the CPU interpreter;
+`--backend` forces one), plus the replay of every stored reproducer.
+
+Each test draws sizes, options, decays and a seed (properties/strategies.py), runs the kernels,
+and reports the observed bound ratios with hypothesis.target so the nightly search climbs toward
+the worst case.
+"""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, target
+
+from properties.checks import PROPERTIES, run
+from properties.strategies import Problem
+
+pytestmark = pytest.mark.properties
+
+REPRODUCERS = sorted((Path(__file__).parent.parent / "properties" / "reproducers").glob("*.npz"))
+
+
+def check(name, problem, backend):
+    for label, value in run(name, problem, backend).items():
+        target(value, label=label)
+
+
+@given(problem=PROPERTIES["forward_tf32_bound"].strategy())
+def test_forward_within_tf32_bound(problem, backend):
+    check("forward_tf32_bound", problem, backend)
+
+
+@given(problem=PROPERTIES["extreme_decays_finite_and_bounded"].strategy())
+def test_extreme_decays_finite_and_bounded(problem, backend):
+    check("extreme_decays_finite_and_bounded", problem, backend)
+
+
+@given(problem=PROPERTIES["chunk_cumsum_alone"].strategy())
+def test_chunk_cumsum_alone_within_bound(problem, backend):
+    check("chunk_cumsum_alone", problem, backend)
+
+
+@given(problem=PROPERTIES["fwd_pass_state_alone"].strategy())
+def test_fwd_pass_state_alone_within_tf32_bound(problem, backend):
+    check("fwd_pass_state_alone", problem, backend)
+
+
+@given(problem=PROPERTIES["compute_out_alone"].strategy())
+def test_compute_out_alone_within_tf32_bound(problem, backend):
+    check("compute_out_alone", problem, backend)
+
+
+@given(problem=PROPERTIES["causal_prefix"].strategy())
+def test_causal_prefix_unchanged_by_later_tokens(problem, backend):
+    check("causal_prefix", problem, backend)
+
+
+@given(problem=PROPERTIES["cumsum_non_increasing"].strategy())
+def test_cumsum_non_increasing(problem, backend):
+    check("cumsum_non_increasing", problem, backend)
+
+
+@given(problem=PROPERTIES["chunk_size_invariance"].strategy())
+def test_chunk_size_invariance(problem, backend):
+    check("chunk_size_invariance", problem, backend)
+
+
+@given(problem=PROPERTIES["split_carries_state"].strategy())
+def test_split_sequence_carries_final_state(problem, backend):
+    check("split_carries_state", problem, backend)
+
+
+@given(problem=PROPERTIES["seq_idx_packing"].strategy())
+def test_seq_idx_packing_equals_separate_calls(problem, backend):
+    check("seq_idx_packing", problem, backend)
+
+
+@given(problem=PROPERTIES["ragged_equals_padded"].strategy())
+def test_ragged_last_chunk_equals_zero_padded(problem, backend):
+    check("ragged_equals_padded", problem, backend)
+
+
+@given(problem=PROPERTIES["linearity_in_x"].strategy())
+def test_linearity_in_x(problem, backend):
+    check("linearity_in_x", problem, backend)
+
+
+@given(problem=PROPERTIES["head_permutation"].strategy())
+def test_head_permutation_within_groups(problem, backend):
+    check("head_permutation", problem, backend)
+
+
+@given(problem=PROPERTIES["determinism"].strategy())
+def test_two_runs_bit_identical(problem, backend):
+    check("determinism", problem, backend)
+
+
+def test_every_property_has_a_test():
+    tested = {name for name in PROPERTIES
+              if f'"{name}"' in Path(__file__).read_text()}
+    assert tested == set(PROPERTIES)
+
+
+@pytest.mark.parametrize("path", REPRODUCERS, ids=[p.stem for p in REPRODUCERS])
+def test_stored_reproducer_holds(path, backend):
+    """A failure found once (by the fuzzer) stays fixed: its stored inputs pass its property."""
+    name, problem = Problem.load(path)
+    run(name, problem, backend)
