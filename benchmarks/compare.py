@@ -8,6 +8,11 @@ matched by test id (fullname). A gated benchmark regresses when its current medi
 current run (it failed, errored or was skipped) also fails the gate. Benchmarks new in the
 current run and the comparators (torch, mamba_ssm) are listed, never gated.
 
+Why not pytest-benchmark's own `--benchmark-compare-fail=median:10%`: that reruns the benchmarks
+against its storage folder and gates every benchmark alike; this command compares two stored
+files anywhere (a CPU review machine too), gates only the project's implementations (a slower
+comparator is not a regression of ours), and fails on a gated benchmark that went missing.
+
 Exit status: 0 no regression, 1 a regression or a missing benchmark, 2 unusable input (a file
 that is not pytest-benchmark JSON, or no gated benchmark in common: a gate that compares
 nothing must not pass).

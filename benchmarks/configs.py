@@ -36,7 +36,9 @@ def sweep_config(seqlen: int) -> tuple[int, ...]:
     return (1, seqlen, 80, 64, 128, 1, 256)
 
 
-SWEEP_TEXT = "batch 1, nheads 80, headdim 64, dstate 128, ngroups 1, chunk_size 256"
+SWEEP_TEXT = ", ".join(f"{k} {v}" for k, v in zip(
+    ("batch", "nheads", "headdim", "dstate", "ngroups", "chunk_size"),
+    sweep_config(0)[:1] + sweep_config(0)[2:]))
 
 
 def dims_of(config) -> Dims:

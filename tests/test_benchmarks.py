@@ -10,7 +10,8 @@ Timing: benchmarks/timing.py (CUDA events as pytest-benchmark's timer, so its st
 times; L2 flushed before every round; compilation and autotuning in untimed warm-up calls).
 Before timing, every implementation is checked once on a reduced problem of the same row (batch 1,
 the first 1024 tokens, at most two heads per group; same headdim, dstate, ngroups, chunk_size)
-against the float64 reference, element by element, within the bound of properties/bounds.py.
+against the float64 reference, element by element, within the bounds the property suite uses
+(properties.checks.forward_bounds, from properties/bounds.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import math
 import struct
 import subprocess
 import sys
-import textwrap
 import zlib
 from pathlib import Path
 
@@ -33,7 +33,6 @@ from benchmarks import compare, perf_model, plot
 from benchmarks.configs import (ANCHORS, SPEC_MAMBA_MS, SWEEP_SEQLENS, TARGET_FP32_MS, dims_of,
                                 sweep_config)
 from benchmarks.timing import GpuClock, cupy_flush, measure
-from properties import bounds
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,13 +63,10 @@ def _cases():
                                    id=f"{op}-{name}-{short}-{impl}")
 
 
-def _bound(dtype):
-    """The per-element bound for outputs from inputs of `dtype` (properties/bounds.py)."""
-    if dtype == "float32":
-        return bounds.tf32_bound
-    if hasattr(bounds, "bf16_bound"):
-        return bounds.bf16_bound
-    pytest.skip("no bf16 error bound derived yet in properties/bounds.py (issue 6 item 4)")
+def _require_bound(dtype):
+    """Skip where properties/bounds.py has no derived bound for outputs from `dtype` inputs."""
+    if dtype != "float32":
+        pytest.skip(f"no error bound for {dtype} inputs in properties/bounds.py yet (issue 6 item 4)")
 
 
 def _torch():
@@ -104,13 +100,15 @@ def _contiguous(a):
     return cupy.ascontiguousarray(a)
 
 
-class Problem:
-    """Inputs of one row and dtype on the GPU (torch tensors when torch is there, else cupy),
-    the reduced problem checked against the reference, and that reference."""
+class Row:
+    """One row and dtype: its inputs on the GPU (torch tensors when torch is there, else cupy),
+    the reduced problem each implementation is checked on, and its reference and bounds."""
 
     def __init__(self, config, dtype):
         import cupy
-        bound = _bound(dtype)
+        from properties.checks import forward_bounds
+        from properties.strategies import Problem
+        _require_bound(dtype)
         torch = _torch()
         if dtype != "float32" and torch is None:
             pytest.skip(f"{dtype} inputs need torch (cupy has no bfloat16)")
@@ -122,7 +120,7 @@ class Problem:
             "x": rng.standard_normal((batch, seqlen, nheads, headdim), dtype=f32),
             # processed step sizes, log-uniform in [1e-3, 1e-1] (Mamba-2's dt initialisation range)
             "dt": cupy.exp(rng.uniform(math.log(1e-3), math.log(1e-1), (batch, seqlen, nheads))).astype(f32),
-            # decay rates -[1, 16] (Mamba-2's A initialisation range)
+            # decay rates in -[1, 16] (Mamba-2's A initialisation range)
             "A": -rng.uniform(1.0, 16.0, nheads).astype(f32),
             "B": rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
             "C": rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
@@ -135,13 +133,12 @@ class Problem:
         self.full = arrays
         self.reduced = self._reduce(arrays, ngroups, nheads // ngroups)
         host = {k: _host(v) for k, v in self.reduced.items()}
-        args = (host["x"], host["dt"], host["A"], host["B"], host["C"], chunk_size)
-        self.y_ref, self.final_ref = R.ssd_chunked(*args, D=host["D"])
-        self.y_bound = bound(R.ssd_magnitude(*args, D=host["D"]))
-        dt_out, dA_cumsum = R.chunk_cumsum_ref(host["dt"], host["A"], chunk_size)
-        _, final_M = R.fwd_pass_state_magnitude(host["x"], host["B"], dt_out, dA_cumsum)
-        self.final_bound = bound(final_M)
-        self.checked = set()
+        problem = Problem(host["x"], host["dt"], host["A"], host["B"], host["C"], chunk_size, D=host["D"])
+        self.y_ref, self.final_ref = R.ssd_chunked(problem.x, problem.dt, problem.A, problem.B,
+                                                   problem.C, chunk_size, D=problem.D)
+        expected = forward_bounds(problem)
+        self.y_bound, self.final_bound = expected.y, expected.final
+        self.failures: dict[str, str | None] = {}
 
     @staticmethod
     def _reduce(arrays, ngroups, heads_per_group):
@@ -164,98 +161,101 @@ class Problem:
             "D": heads(arrays["D"], 0),
         }
 
-    def check(self, impl, forward):
-        """Once per implementation: forward(**reduced) -> (y, final_states) within the bound."""
-        if impl in self.checked:
-            return
-        y, final_states = forward(**self.reduced)
-        for what, got, ref, bound in (("y", y, self.y_ref, self.y_bound),
-                                      ("final_states", final_states, self.final_ref, self.final_bound)):
-            err = np.abs(_host(got) - ref)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                worst = float(np.max(err / bound))
-            assert np.all(err <= bound), (
-                f"{impl} {what} on the reduced problem of {self.config} {self.dtype}: "
-                f"worst |err| / bound = {worst:.3g} (NaN means an unwritten or non-finite output)")
-        self.checked.add(impl)
+    def check(self, impl, forward) -> str | None:
+        """Once per implementation: run forward(**reduced) -> (y, final_states) and compare it
+        with the reference within the bounds; the failure message, or None when within."""
+        if impl not in self.failures:
+            y, final_states = forward(**self.reduced)
+            failure = None
+            for what, got, ref, bound in (("y", y, self.y_ref, self.y_bound),
+                                          ("final_states", final_states, self.final_ref, self.final_bound)):
+                err = np.abs(_host(got) - ref)
+                if not np.all(err <= bound):  # NaN (an unwritten or non-finite output) fails too
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        worst = float(np.nanmax(err / bound))
+                    failure = (f"{impl} {what} on the reduced problem of {self.config} {self.dtype}: "
+                               f"{int(np.sum(~(err <= bound)))} elements outside the bound, worst "
+                               f"|err| / bound = {worst:.3g}")
+                    break
+            self.failures[impl] = failure
+        return self.failures[impl]
 
 
-_PROBLEM: dict = {}  # the one Problem in use: cases come row by row, so inputs are made once per row
+_ROW: dict = {}  # the one Row in use: cases come row by row, so inputs are made once per row
 _MEDIANS: dict = {}  # (op, row name, dtype, impl) -> median seconds, for the speedups
 
 
-def _problem(config, dtype) -> Problem:
+def _row(config, dtype) -> Row:
     key = (config, dtype)
-    if key not in _PROBLEM:
-        _PROBLEM.clear()
-        _PROBLEM[key] = Problem(config, dtype)
-    return _PROBLEM[key]
+    if key not in _ROW:
+        _ROW.clear()
+        _ROW[key] = Row(config, dtype)
+    return _ROW[key]
 
 
-def _cutile_forward(problem):
+def _cutile(row, op):
+    """(check failure or None, the timed call) of `op` of the cuTile kernels on `row`.
+
+    The kernels are checked through their composition (chunk_cumsum -> fwd_pass_state ->
+    compute_out gives y and final_states), outputs NaN-filled; a timed kernel's inputs are
+    computed once, before timing, by the kernels before it.
+    """
     kernels = importlib.import_module("kernels")
     from kernels.arrays import outputs_filled_with
+    Q = row.chunk_size
 
     def forward(x, dt, A, B, C, D):
-        return kernels.ssd_forward(x, dt, A, B, C, problem.chunk_size, D=D, return_final_states=True)
-
-    def checked(**inputs):
-        with outputs_filled_with(math.nan):
-            return forward(**inputs)
-
-    try:
-        problem.check("cutile", checked)
-    except TypeError as e:
-        if problem.dtype != "float32" and "dtype" in str(e):
-            pytest.skip(f"the kernels do not take {problem.dtype} inputs yet: {e}")
-        raise
-    return forward
-
-
-def _kernel_calls(problem, op):
-    """(check, timed): the kernel pipeline up to `op` checked on the reduced problem through the
-    composed output, and a call of `op` alone on the full row with its inputs computed once."""
-    kernels = importlib.import_module("kernels")
-    from kernels.arrays import outputs_filled_with
-    Q = problem.chunk_size
+        return kernels.ssd_forward(x, dt, A, B, C, Q, D=D, return_final_states=True)
 
     def pipeline(x, dt, A, B, C, D):
         dt_out, dA_cumsum = kernels.chunk_cumsum(dt, A, Q)
         chunk_states, final_states = kernels.fwd_pass_state(x, B, dt_out, dA_cumsum)
         return kernels.compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=D), final_states
 
-    def checked(**inputs):
-        with outputs_filled_with(math.nan):
-            return pipeline(**inputs)
+    def nan_filled(f):
+        def call(**inputs):
+            with outputs_filled_with(math.nan):
+                return f(**inputs)
+        return call
 
-    problem.check("cutile kernels", checked)
-    f = problem.full
+    try:
+        failure = row.check("cutile", nan_filled(forward))
+    except TypeError as e:
+        if row.dtype != "float32" and "dtype" in str(e):
+            pytest.skip(f"the kernels do not take {row.dtype} inputs yet: {e}")
+        raise
+    f = row.full
+    if op == "ssd_forward":
+        return failure, lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])
+    failure = row.check("cutile kernels", nan_filled(pipeline))
     if op == "chunk_cumsum":
-        return lambda: kernels.chunk_cumsum(f["dt"], f["A"], Q)
+        return failure, lambda: kernels.chunk_cumsum(f["dt"], f["A"], Q)
     dt_out, dA_cumsum = kernels.chunk_cumsum(f["dt"], f["A"], Q)
     if op == "fwd_pass_state":
-        return lambda: kernels.fwd_pass_state(f["x"], f["B"], dt_out, dA_cumsum)
+        return failure, lambda: kernels.fwd_pass_state(f["x"], f["B"], dt_out, dA_cumsum)
     chunk_states, _ = kernels.fwd_pass_state(f["x"], f["B"], dt_out, dA_cumsum)
-    return lambda: kernels.compute_out(f["x"], f["B"], f["C"], dt_out, dA_cumsum, chunk_states, D=f["D"])
+    return failure, lambda: kernels.compute_out(f["x"], f["B"], f["C"], dt_out, dA_cumsum,
+                                                chunk_states, D=f["D"])
 
 
-def _comparator(problem, impl):
+def _comparator(row, impl):
+    """(check failure or None, the timed call) of a side-by-side implementation on `row`."""
     if _torch() is None:
         pytest.skip("torch with CUDA is not installed: no side-by-side comparator")
     if impl == "mamba_ssm":
         scan = _mamba()
 
         def forward(x, dt, A, B, C, D):
-            return scan(x, dt, A, B, C, problem.chunk_size, D=D, return_final_states=True)
+            return scan(x, dt, A, B, C, row.chunk_size, D=D, return_final_states=True)
     else:
-        if problem.dtype != "float32":
-            pytest.skip("the torch baseline runs in fp32 only (its bf16 intermediates have no bound)")
+        if row.dtype != "float32":
+            pytest.skip("the torch baseline runs in fp32 only (bf16 einsum intermediates are outside any bound)")
         from benchmarks.torch_ssd import ssd_chunked_torch
 
         def forward(x, dt, A, B, C, D):
-            return ssd_chunked_torch(x, dt, A, B, C, problem.chunk_size, D=D, return_final_states=True)
-    problem.check(impl, forward)
-    return forward
+            return ssd_chunked_torch(x, dt, A, B, C, row.chunk_size, D=D, return_final_states=True)
+    f = row.full
+    return row.check(impl, forward), lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])
 
 
 @pytest.fixture(scope="module")
@@ -266,16 +266,14 @@ def flush():
 @pytest.mark.benchmark(timer=CLOCK)
 @pytest.mark.parametrize("case", list(_cases()))
 def test_speed(benchmark, flush, case):
-    """Median GPU time of one implementation of one op on one row, with its rates and speedups."""
+    """Median GPU time of one implementation of one op on one row, with its rates and speedups.
+
+    The correctness check runs first; a failed check still lets the timing be recorded (the
+    side-by-side stays complete) and then fails the test with the check's message.
+    """
     series, name, config, anchor, dtype, op, impl = case
-    problem = _problem(config, dtype)
-    if op != "ssd_forward":
-        _cutile_forward(problem)  # skips the kernels when the dtype is not supported yet
-        fn = _kernel_calls(problem, op)
-    else:
-        forward = _cutile_forward(problem) if impl == "cutile" else _comparator(problem, impl)
-        f = problem.full
-        fn = lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])  # noqa: E731
+    row = _row(config, dtype)
+    failure, fn = _cutile(row, op) if impl == "cutile" else _comparator(row, impl)
     fn()  # compilation / autotuning, untimed
     benchmark.group = f"{series} {name} {config} {dtype}"
     measure(benchmark, fn, CLOCK, flush, rounds=ROUNDS, budget_s=TIME_BUDGET_S)
@@ -285,7 +283,8 @@ def test_speed(benchmark, flush, case):
     work = perf_model.work(op, dims_of(config), dtype, D="nheads", final_states=True)
     info = benchmark.extra_info
     info.update(impl=impl, op=op, dtype=dtype, series=series, row=name, config=list(config),
-                median_ms=median * 1e3, **perf_model.rates(work, median, dtype))
+                check="ok" if failure is None else "FAILED", median_ms=median * 1e3,
+                **perf_model.rates(work, median, dtype))
     if anchor is not None:
         info["anchor"] = anchor
     if op == "ssd_forward" and impl == "cutile":
@@ -301,6 +300,8 @@ def test_speed(benchmark, flush, case):
         forward_median = _MEDIANS.get(("ssd_forward", name, dtype, "cutile"))
         if forward_median is not None:
             info["share_of_ssd_forward_pct"] = 100.0 * median / forward_median
+    if failure is not None:
+        pytest.fail(failure)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,9 +548,11 @@ def test_plot_refuses_json_without_ssd_forward_data(tmp_path, capsys):
 def test_torch_baseline_matches_the_reference():
     """The side-by-side PyTorch implementation (CPU here when torch is installed) against the
     float64 reference: in float64 to rounding, over a short last chunk, groups, both D shapes and
-    initial states; in float32 within the TF32 bound (it is more accurate than TF32)."""
+    initial states; in float32 within the forward's bounds (it is more accurate than TF32)."""
     torch = pytest.importorskip("torch")
     from benchmarks.torch_ssd import ssd_chunked_torch
+    from properties.checks import forward_bounds
+    from properties.strategies import Problem
     rng = np.random.default_rng(7)
     b, t, h, p, n, g, Q = 2, 100, 4, 8, 16, 2, 32
     x, B, C = rng.standard_normal((b, t, h, p)), rng.standard_normal((b, t, g, n)), rng.standard_normal((b, t, g, n))
@@ -557,11 +560,13 @@ def test_torch_baseline_matches_the_reference():
     A = -rng.uniform(1.0, 16.0, h)
     S0 = rng.standard_normal((b, h, p, n))
     for D in (rng.standard_normal((h, p)), rng.standard_normal(h)):
+        problem = Problem(x, dt, A, B, C, Q, D=D, initial_states=S0)
         y_ref, final_ref = R.ssd_chunked(x, dt, A, B, C, Q, D=D, initial_states=S0)
-        M = R.ssd_magnitude(x, dt, A, B, C, Q, D=D, initial_states=S0)
-        for dtype, bound in ((torch.float64, 1e-12 * M), (torch.float32, bounds.tf32_bound(M))):
+        fp32 = forward_bounds(problem)
+        for dtype, y_bound, final_bound in ((torch.float64, 1e-12 * fp32.M, 1e-12 * fp32.final_M),
+                                            (torch.float32, fp32.y, fp32.final)):
             T = lambda a: torch.from_numpy(a).to(dtype)  # noqa: E731
             y, final = ssd_chunked_torch(T(x), T(dt), T(A), T(B), T(C), Q, D=T(D),
                                          initial_states=T(S0), return_final_states=True)
-            assert np.all(np.abs(y.double().numpy() - y_ref) <= bound)
-            assert np.allclose(final.double().numpy(), final_ref, rtol=1e-5, atol=1e-5)
+            assert np.all(np.abs(y.double().numpy() - y_ref) <= y_bound)
+            assert np.all(np.abs(final.double().numpy() - final_ref) <= final_bound)
