@@ -1,6 +1,7 @@
 """Hypothesis profiles of the property suite and the size caps that go with each.
 
-`conftest.py` registers and loads them; `python -m properties.fuzz` loads `nightly` itself.
+`conftest.py` registers and loads them; `python -m properties.fuzz` loads `nightly` itself and
+`python -m properties.mutants` runs the suite with `mutants` (the ci examples, no shrinking).
 Which profile: $HYPOTHESIS_PROFILE if set, else `ci` where CI is set (CI=true), else `dev`.
 """
 
@@ -36,6 +37,7 @@ CAPS = {
     "ci": Caps(batch=2, seqlen=300, nheads=4, headdim=64, dstate=64),
     "nightly": Caps(batch=3, seqlen=1100, nheads=8, headdim=128, dstate=128),
 }
+CAPS["mutants"] = CAPS["ci"]
 
 # Slow-by-design tests (reference runs in float64, several kernel runs per example).
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -50,6 +52,11 @@ def register_profiles():
     settings.register_profile(
         "ci", max_examples=100, derandomize=True, database=None, deadline=None,
         print_blob=True, suppress_health_check=_SLOW_OK)
+    # the mutant runner (properties/mutants.py): the ci examples; a mutant is killed by the
+    # first failing example, so no shrinking
+    settings.register_profile(
+        "mutants", settings.get_profile("ci"),
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target))
     settings.register_profile(
         "nightly", max_examples=400, deadline=None, print_blob=True,
         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),

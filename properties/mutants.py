@@ -1,0 +1,231 @@
+"""Harness strength: seeded kernel bugs (mutants of the real kernel source) and which property
+kills each.
+
+Every mutant is one textual replacement in one kernel file that must match exactly once, so a
+kernel change that moves the text makes the catalogue fail loudly (tests/test_properties_mutants.py)
+instead of silently testing nothing. `python -m properties.mutants` copies the working tree,
+applies one mutant at a time, runs `pytest -m properties` there on the interpreter with the ci
+profile's examples (shrinking off: the first failing example is enough to kill), and writes the
+report (default properties/mutant_report.txt).
+
+    python -m properties.mutants [--only NAME ...] [--jobs 2] [--report PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+REPORT = REPO / "properties" / "mutant_report.txt"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # kernel file, relative to the repository root
+    old: str  # must occur exactly once in the file
+    new: str
+    bug: str  # what a developer would have done wrong
+
+
+CATALOGUE = [
+    Mutant("causal_mask_off_by_one", "kernels/compute_out.py",
+           "keep = rows >= cols  # causal: s <= t", "keep = rows + 1 >= cols  # causal: s <= t",
+           "the causal mask lets token t see token t+1"),
+    Mutant("exponent_clamp_removed", "kernels/compute_out.py",
+           "L = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)",
+           "L = ct.where(keep, 1.0, 0.0) * ct.exp2(a_t - a_s)",
+           "exponent not clamped and the mask applied by a multiply: inf * 0 above the diagonal"),
+    Mutant("exp_instead_of_exp2", "kernels/compute_out.py",
+           "L = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)",
+           "L = ct.where(keep, ct.exp(ct.minimum(a_t - a_s, 0.0)), 0.0)",
+           "natural exp on a cumsum kept in log2 units"),
+    Mutant("log2e_scale_missing", "kernels/chunk_cumsum.py",
+           "a = ct.reshape(a * LOG2E, (1, BLOCK_H))", "a = ct.reshape(a, (1, BLOCK_H))",
+           "dA_cumsum left in natural-log units while every consumer uses exp2"),
+    Mutant("chunk_boundary_off_by_one", "kernels/fwd_pass_state.py",
+           "ct.load(dA_cumsum, (b, h, c, CHUNK - 1), shape=(1, 1, 1, 1))",
+           "ct.load(dA_cumsum, (b, h, c, CHUNK - 2), shape=(1, 1, 1, 1))",
+           "the chunk's total decay read one token before the chunk's end"),
+    Mutant("wrong_head_group_mapping", "kernels/compute_out.py",
+           "g = h // (x.shape[2] // B.shape[2])  # the group head h reads",
+           "g = h % B.shape[2]  # the group head h reads",
+           "heads assigned to groups round-robin instead of in contiguous blocks"),
+    Mutant("weights_in_bf16", "kernels/compute_out.py",
+           "acc = ct.mma((cb * L * dt_s).astype(ct.tfloat32), xs, acc)",
+           "acc = ct.mma((cb * L * dt_s).astype(ct.bfloat16).astype(ct.float32)"
+           ".astype(ct.tfloat32), xs, acc)",
+           "the decayed C B^T weights pass through bfloat16 (a precision regression)"),
+    Mutant("state_in_bf16", "kernels/fwd_pass_state.py",
+           "        S = acc\n", "        S = acc.astype(ct.bfloat16).astype(ct.float32)\n",
+           "the carried state is kept in bfloat16 between chunks (a precision regression)"),
+    Mutant("D_term_dropped", "kernels/compute_out.py",
+           "acc = acc + d * ct.reshape(xt, (BLOCK_T, BLOCK_P))",
+           "acc = acc + 0.0 * d * ct.reshape(xt, (BLOCK_T, BLOCK_P))",
+           "the skip connection D x is lost"),
+    Mutant("initial_state_ignored", "kernels/fwd_pass_state.py",
+           "S = ct.reshape(S, (BLOCK_P, BLOCK_N))", "S = ct.reshape(S, (BLOCK_P, BLOCK_N)) * 0.0",
+           "initial_states read but not used"),
+    Mutant("ragged_partial_block_dropped", "kernels/fwd_pass_state.py",
+           "ct.cdiv(seqlen - c * CHUNK, BLOCK_K)", "(seqlen - c * CHUNK) // BLOCK_K",
+           "the last, partial token block of a ragged last chunk is skipped in the state"),
+    Mutant("ragged_padding_dt_not_zeroed", "kernels/chunk_cumsum.py",
+           "v = ct.where(t < seqlen, v, 0.0)", "v = ct.where(t < seqlen + 1, v, 0.0)",
+           "the padding token right after seqlen gets a step size (bias, softplus, limit)"),
+    Mutant("seq_idx_reset_missing_in_state", "kernels/fwd_pass_state.py",
+           "carry = ct.where(seg_last == seg_before, carry, 0.0)", "carry = carry",
+           "the state is carried across a seq_idx change at a chunk boundary"),
+    Mutant("seq_idx_reset_missing_in_chunk", "kernels/compute_out.py",
+           "keep = keep & (seg_t == seg_s)", "keep = keep",
+           "tokens of the previous sequence in the same chunk still contribute"),
+    Mutant("seq_idx_segment_before_off_by_one", "kernels/compute_out.py",
+           "ct.load(seg, (b, ct.maximum(c * CHUNK - 1, 0)), shape=(1, 1))",
+           "ct.load(seg, (b, c * CHUNK), shape=(1, 1))",
+           "the carried state's segment taken from the chunk's first token, not the one before"),
+    Mutant("carried_state_not_decayed", "kernels/compute_out.py",
+           "acc = acc * decay_in  # [BLOCK_T, BLOCK_P]", "acc = acc  # [BLOCK_T, BLOCK_P]",
+           "the carried-state term misses its in-chunk decay 2^(a_t)"),
+    Mutant("softplus_naive", "kernels/chunk_cumsum.py",
+           "log1p_e = ct.where(grown, ct.log(s) * e / ct.where(grown, s - 1.0, 1.0), e)",
+           "log1p_e = ct.log(s)",
+           "softplus as log(1 + e^v): all precision lost for v << 0"),
+    Mutant("dt_limit_upper_ignored", "kernels/chunk_cumsum.py",
+           "v = ct.minimum(ct.maximum(v, DT_MIN), DT_MAX)", "v = ct.maximum(v, DT_MIN)",
+           "dt_limit's upper end not applied"),
+]
+
+BY_NAME = {m.name: m for m in CATALOGUE}
+
+
+def check_applies(mutant: Mutant, root: Path = REPO) -> str:
+    """The source of the mutant's file under `root`; ValueError unless its text occurs there
+    exactly once (a drifted kernel source must fail loudly, not test nothing)."""
+    source = (root / mutant.path).read_text()
+    count = source.count(mutant.old)
+    if count != 1:
+        raise ValueError(f"mutant {mutant.name}: its text occurs {count} times in {mutant.path} "
+                         f"(must be exactly once): {mutant.old!r}")
+    return source
+
+
+def apply(mutant: Mutant, root: Path):
+    """Apply `mutant` to the tree at `root`."""
+    source = check_applies(mutant, root)
+    (root / mutant.path).write_text(source.replace(mutant.old, mutant.new))
+
+
+def copy_tree(dest: Path):
+    """Copy the working tree's files (tracked and untracked, not ignored) to `dest`."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                           cwd=REPO, check=True, capture_output=True, text=True).stdout.split()
+    for rel in files:
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def mutated_tree(mutant: Mutant) -> Path:
+    """A temporary copy of the working tree with `mutant` applied (the caller removes it)."""
+    root = Path(tempfile.mkdtemp(prefix=f"mutant-{mutant.name}-"))
+    copy_tree(root)
+    apply(mutant, root)
+    return root
+
+
+def python_in(root: Path, module_args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """`python <module_args>` with `root`'s packages first on the path (not the installed ones)."""
+    env = dict(os.environ, PYTHONPATH=str(root), **kwargs.pop("env", {}))
+    return subprocess.run([sys.executable, *module_args], cwd=root, env=env,
+                          capture_output=True, text=True, **kwargs)
+
+
+@dataclass
+class Result:
+    mutant: Mutant
+    killed_by: list[tuple[str, str]]  # (test, first line of its failure)
+    passed: int
+    seconds: float
+    error: str = ""
+
+
+def run_mutant(mutant: Mutant, timeout: float = 1200) -> Result:
+    """Run the property suite on the interpreter against `mutant`; which tests fail."""
+    start = time.time()
+    root = mutated_tree(mutant)
+    try:
+        report = root / "junit.xml"
+        proc = python_in(root, ["-m", "pytest", "-m", "properties", "tests/test_properties.py",
+                                "--backend", "interpreter", "-p", "no:cacheprovider", "-q",
+                                f"--junitxml={report}"],
+                         env={"HYPOTHESIS_PROFILE": "mutants"}, timeout=timeout)
+        if not report.exists():
+            return Result(mutant, [], 0, time.time() - start,
+                          error=(proc.stdout + proc.stderr)[-2000:])
+        killed, passed = [], 0
+        for case in ET.parse(report).iter("testcase"):
+            failure = case.find("failure")
+            if failure is None:
+                failure = case.find("error")
+            if failure is None:
+                passed += case.find("skipped") is None
+                continue
+            message = (failure.get("message") or "").strip().splitlines()
+            killed.append((case.get("name"), message[0][:160] if message else ""))
+        return Result(mutant, killed, passed, time.time() - start)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def format_report(results: list[Result], header: str) -> str:
+    lines = [header, ""]
+    for r in results:
+        status = "KILLED" if r.killed_by else "SURVIVED"
+        lines.append(f"{r.mutant.name}: {status} ({len(r.killed_by)} tests fail, {r.passed} pass, "
+                     f"{r.seconds:.0f} s)")
+        lines.append(f"    {r.mutant.path}: {r.mutant.bug}")
+        for test, message in r.killed_by:
+            lines.append(f"    killed by {test}: {message}")
+        if r.error:
+            lines.append(f"    pytest produced no report: {r.error}")
+    killed = sum(bool(r.killed_by) for r in results)
+    lines += ["", f"{killed} of {len(results)} mutants killed"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", choices=sorted(BY_NAME), help="mutants to run")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run in parallel")
+    parser.add_argument("--report", type=Path, default=REPORT)
+    args = parser.parse_args(argv)
+    mutants = [BY_NAME[n] for n in args.only] if args.only else CATALOGUE
+    for m in mutants:
+        check_applies(m)
+    start = time.time()
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(run_mutant, mutants))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()
+    header = (f"Mutant report: the property suite (pytest -m properties, HYPOTHESIS_PROFILE=mutants"
+              f" = the ci profile's examples without shrinking) on the CPU interpreter against "
+              f"{len(mutants)} seeded kernel bugs; kernel source at commit {commit} "
+              f"(+ working tree); {time.time() - start:.0f} s with {args.jobs} jobs.")
+    text = format_report(results, header)
+    args.report.write_text(text)
+    print(text)
+    return 0 if all(r.killed_by for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
