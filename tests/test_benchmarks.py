@@ -311,6 +311,26 @@ def test_speed(benchmark, flush, case):
 FIRST_ANCHOR = dims_of(ANCHORS["mamba2_2p7b"])
 
 
+def test_cases_cover_every_row_and_order_what_the_speedups_need():
+    """Every anchor row has ssd_forward for all implementations and each kernel, in both dtypes;
+    within a row and dtype mamba_ssm comes before cuTile's ssd_forward, which comes before the
+    kernels (speedup and share are computed from medians already recorded); one row's cases
+    are contiguous (the inputs are made once per row)."""
+    cases = [c.values[0] for c in _cases()]
+    ids = [c.id for c in _cases()]
+    assert len(set(ids)) == len(ids)
+    keys = [(c[1], c[4]) for c in cases]
+    for name in ANCHORS:
+        for dtype in DTYPES.values():
+            ops = [(c[5], c[6]) for c in cases if (c[1], c[4]) == (name, dtype)]
+            assert ops == [("ssd_forward", i) for i in IMPLS] + [(k, "cutile") for k in KERNELS]
+    assert IMPLS.index("mamba_ssm") < IMPLS.index("cutile")
+    blocks = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
+    assert len(blocks) == len(set(blocks))
+    swept = sorted(c[2][1] for c in cases if c[0] == "sweep" and c[5] == "ssd_forward" and c[6] == "cutile")
+    assert swept == sorted(2 * SWEEP_SEQLENS)  # fp32 and bf16
+
+
 def test_perf_model_first_anchor_matches_spec_counts():
     """The spec: ~65.5 GFLOP of useful work, ~0.69 GB of traffic (x, dt, B, C, y), floor ~0.18 ms."""
     b, t, h, p, n = 4, 4096, 80, 64, 128
