@@ -740,6 +740,53 @@ def _helper_kernel(y):
     ct.store(y, (0,), _doubling(4))
 
 
+@ct.kernel
+def _overlapping_store_kernel(y, SAME: ct.Constant[bool]):
+    """Every program stores to tile 0 of y: the same values (SAME) or its own block id."""
+    v = ct.full((4,), 1.0, dtype=ct.float32)
+    ct.store(y, (0,), v if SAME else v * ct.bid(0))
+
+
+@ct.kernel
+def _read_neighbour_kernel(y):
+    """Program i stores tile i, then reads tile i + 1 (stored by another program)."""
+    i = ct.bid(0)
+    ct.store(y, (i,), ct.full((4,), 1.0, dtype=ct.float32))
+    ct.load(y, (i + 1,), shape=(4,), padding_mode=ct.PaddingMode.ZERO)
+
+
+def test_races_between_programs_raise():
+    y = nan_like(np.zeros(8))
+    launch((3,), _overlapping_store_kernel, (y, True))  # identical values: a benign overlap
+    np.testing.assert_array_equal(y[:4], 1.0)
+    with pytest.raises(RuntimeError, match="store different values"):
+        launch((3,), _overlapping_store_kernel, (y, False))
+    with pytest.raises(RuntimeError, match="reads elements that program"):
+        launch((2,), _read_neighbour_kernel, (nan_like(np.zeros(12)),))
+
+
+def test_array_slice():
+    x = np.arange(16, dtype=np.float32)
+    y = nan_like(np.zeros(4))
+
+    @ct.kernel
+    def sliced(x, y):
+        ct.store(y, (0,), ct.load(x.slice(0, 5, 9), (0,), shape=(4,)))
+
+    launch((1,), sliced, (x, y))
+    np.testing.assert_array_equal(y, x[5:9])
+
+
+def test_rounding_modes():
+    t = Tile(np.float32([0.5, 2.0]), ct.float32)
+    np.testing.assert_array_equal(cti.exp(t, rounding_mode=ct.RoundingMode.APPROX).numpy(),
+                                  cti.exp(t).numpy())  # computed as accurately as NumPy can
+    np.testing.assert_array_equal(cti.truediv(t, 3.0, rounding_mode=ct.RoundingMode.FULL).numpy(),
+                                  t.numpy() / np.float32(3.0))
+    with pytest.raises(NotImplementedError, match="rounding_mode"):
+        cti.add(t, 1.0, rounding_mode=ct.RoundingMode.RZ)
+
+
 def test_bad_launches():
     with pytest.raises(TypeError, match="kernel"):
         launch((1,), lambda: None, ())

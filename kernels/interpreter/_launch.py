@@ -21,7 +21,7 @@ import cuda.tile as ct
 from cuda.tile._execution import is_function_wrapper
 
 from kernels.interpreter import _ops, _state
-from kernels.interpreter._tile import Array, Tile, ct_dtype_of_numpy, scalar_tile
+from kernels.interpreter._tile import Array, Tile, Writers, ct_dtype_of_numpy, scalar_tile
 
 _OP_NAMES = (
     "bid", "num_blocks", "num_tiles", "load", "store", "mma", "matmul", "astype", "bitcast",
@@ -163,7 +163,7 @@ def _param_annotations(func) -> dict[str, tuple]:
             if typing.get_origin(h) is typing.Annotated}
 
 
-def _wrap_arg(name, v, metadata=()):
+def _wrap_arg(name, v, metadata, writers):
     """A kernel argument as cuTile types it: Constants stay Python values, arrays become Arrays
     (int32 shapes, int64 with ct.IndexedWithInt64), ints int32 scalars (int64 with
     ct.ScalarInt64), floats float32 scalars, bools bool scalars."""
@@ -174,7 +174,9 @@ def _wrap_arg(name, v, metadata=()):
     wide = any(getattr(m, "index_dtype", None) == ct.int64 or getattr(m, "dtype", None) == ct.int64
                for m in metadata)
     if isinstance(v, np.ndarray):
-        return Array(v, ct.int64 if wide else ct.int32)
+        # one Writers per NumPy array: an array passed twice (a dummy for an absent option) is one
+        w = writers.setdefault(id(v), Writers(v.shape))
+        return Array(v, ct.int64 if wide else ct.int32, w)
     if v is None:
         return None
     if isinstance(v, bool):
@@ -191,7 +193,7 @@ def _wrap_arg(name, v, metadata=()):
     if isinstance(v, np.generic):
         return Tile(np.asarray(v), ct_dtype_of_numpy(v.dtype))
     if isinstance(v, (tuple, list)):
-        return tuple(_wrap_arg(name, e) for e in v)
+        return tuple(_wrap_arg(name, e, (), writers) for e in v)
     raise TypeError(f"argument {name}: the CPU interpreter takes NumPy arrays and Python/NumPy "
                     f"scalars, got {type(v).__module__}.{type(v).__name__}")
 
@@ -209,8 +211,9 @@ def launch(grid, kernel, args) -> None:
 
     `args` is a tuple of NumPy arrays (written in place by stores), Python/NumPy scalars and the
     values of `ct.Constant` parameters. Programs run one after the other, in reverse order of
-    their linear block id (the GPU promises no order; a kernel whose programs depend on each
-    other's results is wrong there and likely fails here).
+    their linear block id. The GPU promises no order: a program that loads what another program
+    of the same launch stored, or two programs storing different values to one element, raise
+    RuntimeError here (see `Writers`).
     """
     pyfunc = getattr(kernel, "_pyfunc", None)
     if pyfunc is None:
@@ -220,8 +223,8 @@ def launch(grid, kernel, args) -> None:
     params = list(inspect.signature(pyfunc).parameters)
     if len(params) != len(args):
         raise TypeError(f"{pyfunc.__name__} takes {len(params)} arguments, got {len(args)}")
-    metadata = _param_annotations(pyfunc)
-    wrapped = tuple(_wrap_arg(p, a, metadata.get(p, ())) for p, a in zip(params, args))
+    metadata, writers = _param_annotations(pyfunc), {}
+    wrapped = tuple(_wrap_arg(p, a, metadata.get(p, ()), writers) for p, a in zip(params, args))
     func = _Rebinder().function(pyfunc)
     g = _grid(grid)
     programs = list(itertools.product(range(g[2]), range(g[1]), range(g[0])))

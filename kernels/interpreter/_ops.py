@@ -86,14 +86,21 @@ def _ftz(a: np.ndarray) -> np.ndarray:
     return np.where(np.abs(a) < tiny, np.copysign(np.zeros_like(a), a), a)
 
 
-def _check_rounding(name, rounding_mode):
-    if rounding_mode not in (None, ct.RoundingMode.RN):
-        raise NotImplementedError(f"{name}(rounding_mode={rounding_mode})")
+_APPROX = (ct.RoundingMode.FULL, ct.RoundingMode.APPROX)
+
+
+def _check_rounding(name, rounding_mode, approx_ok=False):
+    """Round to nearest is what NumPy does. FULL/APPROX (the GPU's faster approximations of
+    exp, tanh, division, sqrt) are computed the same way: more accurate than the GPU, within the
+    approximation's documented error of it. Directed roundings are not emulated."""
+    if rounding_mode in (None, ct.RoundingMode.RN) or (approx_ok and rounding_mode in _APPROX):
+        return
+    raise NotImplementedError(f"{name}(rounding_mode={rounding_mode})")
 
 
 def _float_binary(name, fn):
     def op(x, y, /, *, rounding_mode=None, flush_to_zero=False):
-        _check_rounding(name, rounding_mode)
+        _check_rounding(name, rounding_mode, approx_ok=(name == "truediv"))
         r = _arith(name, fn, x, y, force_float=(name == "truediv"))
         if r is None:
             return _PY_BINARY[name](x, y)
@@ -227,7 +234,7 @@ def _unary_float(name, fn, has_rounding=False, has_ftz=False):
         unknown = set(kw) - allowed
         if unknown:
             raise TypeError(f"{name}() got unexpected keyword arguments {sorted(unknown)}")
-        _check_rounding(name, kw.get("rounding_mode"))
+        _check_rounding(name, kw.get("rounding_mode"), approx_ok=True)
         x = _float_tile(x, name)
         a = x._a
         ftz = kw.get("flush_to_zero", False)
@@ -706,13 +713,14 @@ def _load_store_common(array, order, latency, allow_tma, memory_order, memory_sc
     if memory_order != ct.MemoryOrder.WEAK or memory_scope != ct.MemoryScope.NONE:
         raise NotImplementedError(f"{what}(memory_order={memory_order}, memory_scope={memory_scope})")
     perm = _order(order, array.ndim, what)
-    return array, np.transpose(array._a, perm)
+    return array, perm, np.transpose(array._a, perm)
 
 
 def load(array, /, index, shape, *, order="C", padding_mode=ct.PaddingMode.UNDETERMINED,
          check_bounds=True, latency=None, allow_tma=None,
          memory_order=ct.MemoryOrder.WEAK, memory_scope=ct.MemoryScope.NONE):
-    array, view = _load_store_common(array, order, latency, allow_tma, memory_order, memory_scope, "load")
+    array, perm, view = _load_store_common(array, order, latency, allow_tma, memory_order,
+                                           memory_scope, "load")
     if not isinstance(padding_mode, ct.PaddingMode):
         raise TypeError(f"load: padding_mode must be a ct.PaddingMode, got {padding_mode!r}")
     scalar = shape == ()
@@ -720,6 +728,7 @@ def load(array, /, index, shape, *, order="C", padding_mode=ct.PaddingMode.UNDET
     if len(shape) != array.ndim:
         raise TypeError(f"load: tile shape {shape} does not match the array rank {array.ndim}")
     src, dst, partial = _tile_region(view.shape, index, shape, "load", check_bounds)
+    _check_no_foreign_writes(array, perm, src)
     dtype = array.dtype
     if partial:
         out = np.full(shape, _padding_value(padding_mode, dtype, "load"), dtype=STORAGE[dtype])
@@ -727,6 +736,36 @@ def load(array, /, index, shape, *, order="C", padding_mode=ct.PaddingMode.UNDET
     else:
         out = view[src].copy()
     return Tile(out.reshape(()) if scalar else out, dtype)
+
+
+def _check_no_foreign_writes(array: Array, perm, src):
+    ids = array.writers(create=False)
+    if ids is None:
+        return
+    ids = np.transpose(ids, perm)[src]
+    me = _state.program_id()
+    foreign = (ids >= 0) & (ids != me)
+    if foreign.any():
+        raise RuntimeError(f"load: this program ({me}) reads elements that program "
+                           f"{int(ids[foreign].flat[0])} stored in the same launch: the result "
+                           "depends on the order of programs on the GPU")
+
+
+def _record_store(array: Array, perm, src, view, values):
+    ids = np.transpose(array.writers(create=True), perm)[src]
+    me = _state.program_id()
+    foreign = (ids >= 0) & (ids != me)
+    if foreign.any():
+        old = view[src]
+        same = old == values
+        if old.dtype.kind == "f":
+            same |= np.isnan(old) & np.isnan(values)
+        clash = foreign & ~same
+        if clash.any():
+            raise RuntimeError(f"store: programs {int(ids[clash].flat[0])} and {me} store different "
+                               "values to the same element: the result depends on the order of "
+                               "programs on the GPU")
+    ids[...] = me
 
 
 def _check_store_cast(tile, dtype):
@@ -744,7 +783,8 @@ def _check_store_cast(tile, dtype):
 
 def store(array, /, index, tile, *, order="C", check_bounds=True, latency=None, allow_tma=None,
           memory_order=ct.MemoryOrder.WEAK, memory_scope=ct.MemoryScope.NONE):
-    array, view = _load_store_common(array, order, latency, allow_tma, memory_order, memory_scope, "store")
+    array, perm, view = _load_store_common(array, order, latency, allow_tma, memory_order,
+                                           memory_scope, "store")
     dtype = array.dtype
     _check_store_cast(tile, dtype)
     values = as_storage(tile, dtype)
@@ -753,6 +793,7 @@ def store(array, /, index, tile, *, order="C", check_bounds=True, latency=None, 
     elif values.ndim != array.ndim:
         raise TypeError(f"store: tile rank {values.ndim} does not match the array rank {array.ndim}")
     src, dst, _ = _tile_region(view.shape, index, values.shape, "store", check_bounds)
+    _record_store(array, perm, src, view, values[dst])
     view[src] = values[dst]
 
 

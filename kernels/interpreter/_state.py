@@ -22,6 +22,12 @@ def _grid_axis(axis) -> int:
     return axis
 
 
+def program_id() -> int:
+    """The current program's linear id (x fastest), for the race checks of load/store."""
+    x, y, z = _bid
+    return x + _grid[0] * (y + _grid[1] * z)
+
+
 def enter(grid, bid):
     global _grid, _bid
     _grid, _bid = grid, bid

@@ -331,15 +331,45 @@ class Tile:
     def __ne__(self, o): return _OPS.not_equal(self, o)
 
 
+class Writers:
+    """Which program last stored each element of one array argument, during one launch.
+
+    Created lazily at the first store, so read-only inputs cost nothing. The GPU runs programs in
+    no fixed order: two programs storing different values to one element, or a program loading an
+    element another program stored in the same launch, make the result order-dependent there.
+    The interpreter raises on both (RuntimeError) instead of silently picking its own order.
+    """
+
+    __slots__ = ("shape", "ids")
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape = shape
+        self.ids = None
+
+    def view(self, offset: tuple[int, ...], shape: tuple[int, ...], create: bool):
+        if self.ids is None:
+            if not create:
+                return None
+            self.ids = np.full(self.shape, -1, dtype=np.int64)
+        return self.ids[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+
+
 class Array:
     """A cuTile global array on the CPU: a NumPy array (a view: stores write through) and its dtype."""
 
-    __slots__ = ("_a", "_dtype", "_index_dtype")
+    __slots__ = ("_a", "_dtype", "_index_dtype", "_writers", "_offset")
 
-    def __init__(self, a: np.ndarray, index_dtype: ct.DType = ct.int32):
+    def __init__(self, a: np.ndarray, index_dtype: ct.DType = ct.int32,
+                 writers: Writers | None = None, offset: tuple[int, ...] | None = None):
         self._a = a
         self._dtype = ct_dtype_of_numpy(a.dtype)
         self._index_dtype = index_dtype  # int64 for ct.IndexedWithInt64 parameters
+        self._writers = Writers(a.shape) if writers is None else writers
+        self._offset = (0,) * a.ndim if offset is None else offset  # of a slice in the argument
+
+    def writers(self, create: bool):
+        """The last-writer program ids of this array's elements (None before any store)."""
+        return self._writers.view(self._offset, self._a.shape, create)
 
     @property
     def dtype(self) -> ct.DType:
@@ -367,7 +397,8 @@ class Array:
         if not (0 <= start < n and start <= stop <= n):
             raise IndexError(f"Array.slice({start}, {stop}) out of range for axis {axis} of size {n}")
         key = (slice(None),) * axis + (slice(start, stop),)
-        return Array(self._a[key], self._index_dtype)
+        offset = tuple(o + (start if d == axis else 0) for d, o in enumerate(self._offset))
+        return Array(self._a[key], self._index_dtype, self._writers, offset)
 
     def __getattr__(self, name):
         raise NotImplementedError(f"the interpreter does not support Array.{name}")
