@@ -1,1 +1,2 @@
-"""Benchmark tools: the FLOP/byte model, the GPU timer, the PyTorch comparator, compare and plot commands."""
+"""Benchmark tools: the FLOP/byte model, the GPU timer, the PyTorch comparator, the compare
+and plot commands."""

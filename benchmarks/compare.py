@@ -70,7 +70,8 @@ def _fmt(v, spec):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("baseline", help="pytest-benchmark JSON of the baseline run")
     parser.add_argument("current", help="pytest-benchmark JSON of the run to check")
     parser.add_argument("--threshold", type=float, default=0.10,

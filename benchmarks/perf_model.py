@@ -96,14 +96,15 @@ def work(op: str, dims: Dims, dtype: str = "float32", *, D: str | None = "nheads
         return Work(0.0, dt_bytes + 2 * h * s + 2 * chunk_vec_bytes)
     if op == "fwd_pass_state":
         return Work(chunk_states + passing,
-                    x_bytes + bc_bytes + 2 * chunk_vec_bytes + dims.nchunks * state_bytes + state_bytes)
+                    x_bytes + bc_bytes + 2 * chunk_vec_bytes
+                    + dims.nchunks * state_bytes + state_bytes)
     return Work(cb + intra + carried,
                 x_bytes + 2 * bc_bytes + 2 * chunk_vec_bytes + dims.nchunks * state_bytes
                 + d_bytes + z_bytes + x_bytes)
 
 
 def floor_seconds(wk: Work, dtype: str = "float32") -> float:
-    """The roofline floor: the slower of the compute time at peak and the traffic time at bandwidth."""
+    """The roofline floor: the slower of compute at peak and traffic at full bandwidth."""
     return max(wk.flop / PEAK_FLOPS[dtype], wk.bytes / BANDWIDTH)
 
 

@@ -92,7 +92,8 @@ def text_width(s: str) -> int:
 
 
 def log_ticks(lo: float, hi: float) -> tuple[float, float, list[float]]:
-    """(axis bottom, axis top, ticks) of a log axis: whole decades around [lo, hi], ticks 1, 2, 5 x 10^k."""
+    """(axis bottom, axis top, ticks) of a log axis: whole decades around [lo, hi], ticks at
+    1, 2, 5 x 10^k."""
     bottom, top = 10.0 ** math.floor(math.log10(lo)), 10.0 ** math.ceil(math.log10(hi))
     if top == bottom:
         top *= 10.0
@@ -102,7 +103,8 @@ def log_ticks(lo: float, hi: float) -> tuple[float, float, list[float]]:
 
 
 def series(benchmarks: list[dict], kind: str) -> dict[str, list[tuple[int, float, str]]]:
-    """{label: [(x, median ms, x label)]} of the ssd_forward benchmarks of `kind` ("sweep", "anchor")."""
+    """{label: [(x, median ms, x label)]} of the ssd_forward benchmarks of `kind` ("sweep" or
+    "anchor")."""
     out: dict[str, list[tuple[int, float, str]]] = {}
     for b in benchmarks:
         info = b.get("extra_info", {})
@@ -162,16 +164,18 @@ def render(benchmarks: list[dict]) -> bytes:
         raise ValueError("no ssd_forward sweep or anchor benchmark in the JSON")
     canvas = Canvas(WIDTH, HEIGHT)
     panel(canvas, (80, 60, 480, 400), "SSD-FORWARD MEDIAN MS (LOG) VS SEQLEN", sweep, connect=True)
-    panel(canvas, (580, 60, 980, 400), "SSD-FORWARD MEDIAN MS (LOG), SPEC ANCHOR ROWS", anchors, connect=False)
+    panel(canvas, (580, 60, 980, 400), "SSD-FORWARD MEDIAN MS (LOG), SPEC ANCHOR ROWS", anchors,
+          connect=False)
     canvas.text(20, 424, f"GPU time, L2 flushed. Sweep: {SWEEP_TEXT}.")
     canvas.text(20, 442, "Rows: " + ", ".join(f"{i} {name}" for i, name in enumerate(ANCHORS, 1)))
     return canvas.png()
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.plot", description=__doc__.split("\n")[0])
-    parser.add_argument("bench", help="pytest-benchmark JSON (from pytest -m benchmark --benchmark-json=...)")
-    parser.add_argument("-o", "--output", default="plot.png", help="PNG to write (default plot.png)")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plot",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("bench", help="pytest-benchmark JSON (from --benchmark-json=...)")
+    parser.add_argument("-o", "--output", default="plot.png", help="the PNG (default plot.png)")
     args = parser.parse_args(argv)
     try:
         with open(args.bench) as f:

@@ -4,17 +4,17 @@ How a round is timed (`measure`):
 1. `setup` (outside the timed span) enqueues a 256 MB memset: it evicts the 50 MB L2, so no round
    starts with the previous round's data in cache, and it keeps the GPU busy while the host
    enqueues the work under test (the "prefill").
-2. The timer records CUDA event E1, the work is enqueued, the timer records event E2; pytest-benchmark
-   computes `E2 - E1`, which `GpuInstant.__sub__` turns into the GPU time between the two events
-   (cudaEventElapsedTime, ~0.5 us resolution). Compilation and autotuning happen in warm-up calls
-   that are not timed.
+2. The timer records CUDA event E1, the work is enqueued, the timer records event E2;
+   pytest-benchmark computes `E2 - E1`, which `GpuInstant.__sub__` turns into the GPU time
+   between the two events (cudaEventElapsedTime, ~0.5 us resolution). Compilation and
+   autotuning happen in warm-up calls that are not timed.
 3. Right after the host has enqueued the work, E1 is queried. If E1 has not completed, the GPU was
    still busy with the prefill when the last launch arrived: the span E1 -> E2 holds GPU work only,
    with no gap waiting for the host. If E1 has completed, the GPU may have idled waiting for a
    launch (the host's Python is slower than the prefill, or the work synchronises with the host):
-   that round is counted as `starved`. The warm-up rounds lengthen the prefill (more memsets)
-   until no round starves, up to MAX_PREFILL; `extra_info['starved_rounds']` reports what is left,
-   and a non-zero count means those medians include host time.
+   that round is counted as `starved`. Each starved warm-up round doubles the prefill (1, 2, 4,
+   then MAX_PREFILL memsets); `extra_info['starved_rounds']` counts the timed rounds that still
+   starved, and a non-zero count means those medians include host time.
 
 Every stream involved is the legacy default stream: cupy's and torch's current stream unless a
 caller changes it, so events, prefill, kernels and the comparators share one timeline.
@@ -26,7 +26,7 @@ import math
 from typing import Any, Callable
 
 FLUSH_BYTES = 256 << 20  # five times the H200's 50 MB L2
-MAX_PREFILL = 32  # memsets of FLUSH_BYTES before a round: ~2.5 ms of GPU time at most
+MAX_PREFILL = 8  # memsets of FLUSH_BYTES before a round: ~0.7 ms of GPU time at most
 WARMUP_ROUNDS = 3
 MIN_ROUNDS = 5
 

@@ -66,7 +66,8 @@ def _cases():
 def _require_bound(dtype):
     """Skip where properties/bounds.py has no derived bound for outputs from `dtype` inputs."""
     if dtype != "float32":
-        pytest.skip(f"no error bound for {dtype} inputs in properties/bounds.py yet (issue 6 item 4)")
+        pytest.skip(f"no error bound for {dtype} inputs in properties/bounds.py yet "
+                    "(issue 6 item 4)")
 
 
 def _torch():
@@ -119,7 +120,8 @@ class Row:
         arrays = {
             "x": rng.standard_normal((batch, seqlen, nheads, headdim), dtype=f32),
             # processed step sizes, log-uniform in [1e-3, 1e-1] (Mamba-2's dt initialisation range)
-            "dt": cupy.exp(rng.uniform(math.log(1e-3), math.log(1e-1), (batch, seqlen, nheads))).astype(f32),
+            "dt": cupy.exp(rng.uniform(math.log(1e-3), math.log(1e-1),
+                                       (batch, seqlen, nheads))).astype(f32),
             # decay rates in -[1, 16] (Mamba-2's A initialisation range)
             "A": -rng.uniform(1.0, 16.0, nheads).astype(f32),
             "B": rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
@@ -133,7 +135,8 @@ class Row:
         self.full = arrays
         self.reduced = self._reduce(arrays, ngroups, nheads // ngroups)
         host = {k: _host(v) for k, v in self.reduced.items()}
-        problem = Problem(host["x"], host["dt"], host["A"], host["B"], host["C"], chunk_size, D=host["D"])
+        problem = Problem(host["x"], host["dt"], host["A"], host["B"], host["C"], chunk_size,
+                          D=host["D"])
         self.y_ref, self.final_ref = R.ssd_chunked(problem.x, problem.dt, problem.A, problem.B,
                                                    problem.C, chunk_size, D=problem.D)
         expected = forward_bounds(problem)
@@ -150,7 +153,8 @@ class Row:
             shape = a.shape[:axis] + (ngroups, heads_per_group) + a.shape[axis + 1:]
             index = (slice(None),) * (axis + 1) + (slice(0, keep),)
             part = a.reshape(shape)[index]
-            return _contiguous(part.reshape(a.shape[:axis] + (ngroups * keep,) + a.shape[axis + 1:]))
+            return _contiguous(part.reshape(a.shape[:axis] + (ngroups * keep,)
+                                            + a.shape[axis + 1:]))
 
         return {
             "x": heads(arrays["x"][:1, :seqlen], 2),
@@ -167,13 +171,15 @@ class Row:
         if impl not in self.failures:
             y, final_states = forward(**self.reduced)
             failure = None
-            for what, got, ref, bound in (("y", y, self.y_ref, self.y_bound),
-                                          ("final_states", final_states, self.final_ref, self.final_bound)):
+            for what, got, ref, bound in (
+                    ("y", y, self.y_ref, self.y_bound),
+                    ("final_states", final_states, self.final_ref, self.final_bound)):
                 err = np.abs(_host(got) - ref)
                 if not np.all(err <= bound):  # NaN (an unwritten or non-finite output) fails too
                     with np.errstate(divide="ignore", invalid="ignore"):
                         worst = float(np.nanmax(err / bound))
-                    failure = (f"{impl} {what} on the reduced problem of {self.config} {self.dtype}: "
+                    failure = (f"{impl} {what} on the reduced problem of {self.config} "
+                               f"{self.dtype}: "
                                f"{int(np.sum(~(err <= bound)))} elements outside the bound, worst "
                                f"|err| / bound = {worst:.3g}")
                     break
@@ -249,13 +255,15 @@ def _comparator(row, impl):
             return scan(x, dt, A, B, C, row.chunk_size, D=D, return_final_states=True)
     else:
         if row.dtype != "float32":
-            pytest.skip("the torch baseline runs in fp32 only (bf16 einsum intermediates are outside any bound)")
+            pytest.skip("the torch baseline runs in fp32 only (its bf16 einsum intermediates "
+                        "are outside any bound)")
         from benchmarks.torch_ssd import ssd_chunked_torch
 
         def forward(x, dt, A, B, C, D):
             return ssd_chunked_torch(x, dt, A, B, C, row.chunk_size, D=D, return_final_states=True)
     f = row.full
-    return row.check(impl, forward), lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])
+    timed = lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])  # noqa: E731
+    return row.check(impl, forward), timed
 
 
 @pytest.fixture(scope="module")
@@ -327,12 +335,14 @@ def test_cases_cover_every_row_and_order_what_the_speedups_need():
     assert IMPLS.index("mamba_ssm") < IMPLS.index("cutile")
     blocks = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
     assert len(blocks) == len(set(blocks))
-    swept = sorted(c[2][1] for c in cases if c[0] == "sweep" and c[5] == "ssd_forward" and c[6] == "cutile")
+    swept = sorted(c[2][1] for c in cases
+                   if c[0] == "sweep" and c[5] == "ssd_forward" and c[6] == "cutile")
     assert swept == sorted(2 * SWEEP_SEQLENS)  # fp32 and bf16
 
 
 def test_perf_model_first_anchor_matches_spec_counts():
-    """The spec: ~65.5 GFLOP of useful work, ~0.69 GB of traffic (x, dt, B, C, y), floor ~0.18 ms."""
+    """The spec: ~65.5 GFLOP of useful work, ~0.69 GB of traffic (x, dt, B, C, y), a floor of
+    ~0.18 ms."""
     b, t, h, p, n = 4, 4096, 80, 64, 128
     wk = perf_model.work("ssd_forward", FIRST_ANCHOR, D=None, final_states=False)
     assert wk.flop == pytest.approx(65.5e9, rel=2e-3)
@@ -352,7 +362,8 @@ def test_perf_model_kernels_partition_the_products():
 
 
 def test_perf_model_short_last_chunk_counts_its_tokens_only():
-    """seqlen = chunk_size + 1: the second chunk is one token; the square products count 1, not Q^2."""
+    """seqlen = chunk_size + 1: the second chunk is one token; its square products count 1,
+    not Q^2."""
     Q, b, h, p, n, g = 64, 1, 2, 8, 16, 1
     one_chunk = perf_model.work("compute_out", dims_of((b, Q, h, p, n, g, Q)))
     plus_one = perf_model.work("compute_out", dims_of((b, Q + 1, h, p, n, g, Q)))
@@ -449,7 +460,8 @@ def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
     fed, starved = runs["test_fed"], runs["test_starved"]
     assert fed["stats"]["rounds"] == 5
     assert fed["stats"]["median"] == pytest.approx(3.0e-3)
-    assert fed["stats"]["min"] == pytest.approx(1.0e-3) and fed["stats"]["max"] == pytest.approx(50.0e-3)
+    assert fed["stats"]["min"] == pytest.approx(1.0e-3)
+    assert fed["stats"]["max"] == pytest.approx(50.0e-3)
     assert fed["extra_info"]["prefill_memsets"] == 1 and fed["extra_info"]["starved_rounds"] == 0
     assert fed["extra_info"]["flushes"] == 3 + 5
     assert fed["options"]["timer"] == "gpu_clock"
@@ -506,7 +518,8 @@ def test_compare_refuses_to_pass_on_nothing_compared(tmp_path, capsys):
 def test_compare_runs_as_a_module(tmp_path):
     base = _bench_json(tmp_path / "base.json", BASE)
     cur = _bench_json(tmp_path / "cur.json", {**BASE, "compute_out-row1-cutile": 0.5})
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.compare", base, cur, "--threshold", "0.10"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compare", base, cur,
+                           "--threshold", "0.10"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "REGRESSION" in proc.stdout
 
@@ -520,16 +533,18 @@ def _plot_json(path, with_data=True):
                                "stats": {"median": scale * s / 16384 * 1e-3}})
         for i, name in enumerate(ANCHORS, 1):
             benchmarks.append({"extra_info": {"impl": impl, "op": "ssd_forward", "dtype": "float32",
-                                              "series": "anchor", "anchor": i, "config": list(ANCHORS[name])},
+                                              "series": "anchor", "anchor": i,
+                                              "config": list(ANCHORS[name])},
                                "stats": {"median": scale * (1 + i / 10) * 1e-3}})
     if not with_data:
-        benchmarks = [dict(b, extra_info=dict(b["extra_info"], op="compute_out")) for b in benchmarks]
+        benchmarks = [dict(b, extra_info=dict(b["extra_info"], op="compute_out"))
+                      for b in benchmarks]
     path.write_text(json.dumps({"benchmarks": benchmarks}))
     return str(path)
 
 
 def _read_png(data: bytes):
-    """(width, height, pixels [h, w, 3]) of an 8-bit RGB PNG with filter 0 rows, chunk CRCs checked."""
+    """(width, height, pixels [h, w, 3]) of an 8-bit RGB PNG with filter-0 rows; CRCs checked."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, chunks = 8, {}
     while pos < len(data):
@@ -575,7 +590,8 @@ def test_torch_baseline_matches_the_reference():
     from properties.strategies import Problem
     rng = np.random.default_rng(7)
     b, t, h, p, n, g, Q = 2, 100, 4, 8, 16, 2, 32
-    x, B, C = rng.standard_normal((b, t, h, p)), rng.standard_normal((b, t, g, n)), rng.standard_normal((b, t, g, n))
+    x = rng.standard_normal((b, t, h, p))
+    B, C = rng.standard_normal((b, t, g, n)), rng.standard_normal((b, t, g, n))
     dt = np.exp(rng.uniform(math.log(1e-3), math.log(1e-1), (b, t, h)))
     A = -rng.uniform(1.0, 16.0, h)
     S0 = rng.standard_normal((b, h, p, n))
