@@ -57,12 +57,14 @@ def assert_identical(cpu, gpu, what):
     """Bit for bit (NaN included: same positions)."""
     cpu, gpu = np.asarray(cpu), np.asarray(gpu)
     assert cpu.dtype == gpu.dtype and cpu.shape == gpu.shape
-    same = cpu.view(np.uint8).reshape(cpu.shape + (-1,)) == gpu.view(np.uint8).reshape(gpu.shape + (-1,))
-    both_nan = np.isnan(cpu) & np.isnan(gpu) if cpu.dtype.kind == "f" else np.zeros(cpu.shape, bool)
-    differ = ~(same.all(-1) | both_nan)
-    assert not differ.any(), (f"{what}: {int(differ.sum())} elements differ, first at "
-                              f"{np.argwhere(differ)[0].tolist()}: interpreter "
-                              f"{cpu[tuple(np.argwhere(differ)[0])]!r}, GPU {gpu[tuple(np.argwhere(differ)[0])]!r}")
+    as_bytes = lambda a: a.view(np.uint8).reshape(a.shape + (-1,))  # noqa: E731
+    same = (as_bytes(cpu) == as_bytes(gpu)).all(-1)
+    if cpu.dtype.kind == "f":
+        same |= np.isnan(cpu) & np.isnan(gpu)
+    if not same.all():
+        first = tuple(np.argwhere(~same)[0])
+        raise AssertionError(f"{what}: {int((~same).sum())} elements differ, first at {first}: "
+                             f"interpreter {cpu[first]!r}, GPU {gpu[first]!r}")
 
 
 def assert_close(cpu, gpu, bound, scale, what):
@@ -74,7 +76,8 @@ def assert_close(cpu, gpu, bound, scale, what):
     worst = float(np.nanmax(ratio)) if ratio.size else 0.0
     report(what, worst)
     bad = ~(err <= bound)
-    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} elements outside the bound; worst {worst:.4g}"
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} elements outside the bound; "
+                           f"worst {worst:.4g}")
 
 
 # ---------------------------------------------------------------------------------------------

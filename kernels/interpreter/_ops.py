@@ -306,11 +306,9 @@ def _require_dtype(dtype, what):
 def arange(size, /, *, dtype, start=0, step=1):
     (n,) = check_shape((size,), "arange")
     dtype = _require_dtype(dtype, "arange")
-    start_a = as_storage(start, dtype) if not isinstance(start, Tile) else convert(start._a, start.dtype, dtype)
-    step_a = as_storage(step, dtype) if not isinstance(step, Tile) else convert(step._a, step.dtype, dtype)
     idx = np.arange(n, dtype=STORAGE[dtype])
     with np.errstate(all="ignore"):
-        return finish(start_a + idx * step_a, dtype)
+        return finish(as_storage(start, dtype) + idx * as_storage(step, dtype), dtype)
 
 
 def full(shape, fill_value, dtype):
@@ -348,7 +346,9 @@ def astype(x, dtype, /, *, rounding_mode=None):
 def bitcast(x, /, dtype):
     x = as_tile(x, "bitcast")
     dtype = _require_dtype(dtype, "bitcast")
-    if dtype.bitwidth != x.dtype.bitwidth or ct.bfloat16 in (dtype, x.dtype):
+    if dtype.bitwidth != x.dtype.bitwidth:
+        raise TypeError(f"bitcast: {x.dtype} and {dtype} differ in width")
+    if ct.bfloat16 in (dtype, x.dtype):
         raise NotImplementedError(f"bitcast {x.dtype} -> {dtype}")
     return Tile(x._a.view(STORAGE[dtype]), dtype)
 
@@ -627,10 +627,11 @@ def mma(x, y, /, acc, *, use_fast_acc=False):
     x2, y2, _, out = _broadcast_mm_shapes(x.shape, y.shape)
     if acc.shape != out:
         raise TypeError(f"mma: acc must have shape {out}, got {acc.shape}")
+    # a float16 accumulator: the sum in float32, rounded to float16 once
+    work = np.float32 if acc.dtype == ct.float16 else STORAGE[acc.dtype]
     with np.errstate(all="ignore"):
         p = _product(x._a.reshape(x2), y._a.reshape(y2), x.dtype)
-        r = p.astype(STORAGE[acc.dtype] if acc.dtype != ct.float16 else np.float32) \
-            + acc._a.astype(np.float32 if acc.dtype == ct.float16 else STORAGE[acc.dtype])
+        r = p.astype(work, copy=False) + acc._a.astype(work, copy=False)
     return finish(r, acc.dtype)
 
 

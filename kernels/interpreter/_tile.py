@@ -21,6 +21,7 @@ from cuda.tile._datatype import is_arithmetic, is_boolean, is_float, is_integral
 from cuda.tile._exception import TileError, TileValueError
 from cuda.tile._ir.ops_utils import promote_dtypes as _ct_promote_dtypes
 from cuda.tile._ir.type import LooselyTypedScalar
+from cuda.tile._ir.typing_support import dtype_of_constant_scalar
 
 STORAGE = {
     ct.bool_: np.dtype(np.bool_),
@@ -167,9 +168,7 @@ def as_tile(v, what: str) -> "Tile":
     """A tile from a tile or a Python scalar (its loosely typed default dtype)."""
     if isinstance(v, Tile):
         return v
-    d = dtype_of(v)
-    if isinstance(d, LooselyTypedScalar):
-        from cuda.tile._ir.typing_support import dtype_of_constant_scalar
+    if isinstance(v, (bool, int, float)):
         dtype = dtype_of_constant_scalar(v)
         return Tile(as_storage(v, dtype), dtype)
     raise TypeError(f"{what}: expected a tile, got {type(v).__name__}")
