@@ -15,7 +15,8 @@ chunk lengths Q_c, so sum(Q_c) = seqlen):
     state passing S <- 2^a S + new:          headdim x dstate per chunk -> 2 b h p n nchunks
 
 (b = batch, h = nheads, p = headdim, n = dstate, g = ngroups.)  On the spec's first anchor
-(4, 4096, 80, 64, 128, 1, 256) this gives 65.5 GFLOP, the spec's "~65.5 GFLOP of useful work".
+(4, 4096, 80, 64, 128, 1, 256) this gives 65.6 GFLOP, 65.5 without the state passing: the spec's
+"~65.5 GFLOP of useful work".
 
 Bytes: compulsory traffic, each tensor read or written once at its storage width: x, B, C, z
 and y at the input width (4 B for fp32, 2 B for bf16/fp16); dt, A, D, dt_bias and the states at

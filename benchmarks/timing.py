@@ -1,7 +1,7 @@
 """GPU time as pytest-benchmark's clock: the fixture's statistics are GPU times, not host times.
 
 How a round is timed (`measure`):
-1. `setup` (outside the timed span) enqueues a 256 MB memset: it evicts the 50 MB L2, so no round
+1. `setup` (outside the timed span) enqueues a 256 MB memset: it evicts the 60 MB L2, so no round
    starts with the previous round's data in cache, and it keeps the GPU busy while the host
    enqueues the work under test (the "prefill").
 2. The timer records CUDA event E1, the work is enqueued, the timer records event E2;
@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-FLUSH_BYTES = 256 << 20  # five times the H200's 50 MB L2
+FLUSH_BYTES = 256 << 20  # over four times the H200's L2 (60 MB, as PyTorch reports it)
 MAX_PREFILL = 8  # memsets of FLUSH_BYTES before a round: ~0.7 ms of GPU time at most
 WARMUP_ROUNDS = 3
 MIN_ROUNDS = 5

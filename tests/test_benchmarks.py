@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import reference as R
-from benchmarks import compare, perf_model, plot
+from benchmarks import compare, perf_model, plot, report
 from benchmarks.configs import (ANCHORS, SPEC_MAMBA_MS, SWEEP_SEQLENS, TARGET_FP32_MS, dims_of,
                                 sweep_config)
 from benchmarks.timing import GpuClock, cupy_flush, measure
@@ -522,6 +522,27 @@ def test_compare_runs_as_a_module(tmp_path):
                            "--threshold", "0.10"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "REGRESSION" in proc.stdout
+
+
+def test_report_table_of_the_anchor_rows(tmp_path, capsys):
+    def bench(op, impl, ms, **info):
+        return {"extra_info": {"series": "anchor", "row": "mamba2_2p7b", "dtype": "float32",
+                               "op": op, "impl": impl, **info}, "stats": {"median": ms * 1e-3}}
+    rows = [bench("ssd_forward", "mamba_ssm", 1.2), bench("ssd_forward", "torch", 17.0),
+            bench("ssd_forward", "cutile", 0.4, target_ms=0.36, meets_target=False,
+                  pct_of_floor=45.4, starved_rounds=0),
+            bench("chunk_cumsum", "cutile", 0.01, share_of_ssd_forward_pct=2.5),
+            bench("fwd_pass_state", "cutile", 0.15, share_of_ssd_forward_pct=37.5),
+            bench("compute_out", "cutile", 0.25, share_of_ssd_forward_pct=62.5)]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"benchmarks": rows}))
+    assert report.main([str(path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3  # header, rule, the one row present
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells == ["mamba2_2p7b", "4, 4096, 80, 64, 128, 1, 256", "float32", "0.400", "1.200",
+                     "17.000", "3.00x", "0.36", "no", "45", "0", "0.010 (2 %)", "0.150 (38 %)",
+                     "0.250 (62 %)"]
 
 
 def _plot_json(path, with_data=True):

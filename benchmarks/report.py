@@ -1,0 +1,74 @@
+"""Issue 6's results table from a benchmark JSON, as Markdown.
+
+    python -m benchmarks.report BENCH.json
+
+One line per anchor row and dtype: cuTile's ssd_forward median, mamba_ssm's and the torch
+baseline's from the same run, the speedup over mamba_ssm, the target and whether it is met, % of
+the roofline floor, starved rounds (non-zero: the median includes host time), and the per-kernel
+medians (their share of ssd_forward in parentheses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from benchmarks.configs import ANCHORS
+
+KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")
+
+
+def _ms(b) -> str:
+    return "-" if b is None else f"{b['stats']['median'] * 1e3:.3f}"
+
+
+def table(benchmarks: list[dict]) -> str:
+    found = {}
+    for b in benchmarks:
+        info = b.get("extra_info", {})
+        if info.get("series") == "anchor":
+            found[(info["row"], info["dtype"], info["op"], info["impl"])] = b
+    if not found:
+        raise ValueError("no anchor benchmark in the JSON")
+    lines = ["| row | config | dtype | cuTile ms | mamba_ssm ms | torch ms | speedup | target ms "
+             "| met | % of floor | starved | chunk_cumsum | fwd_pass_state | compute_out |",
+             "|" + "---|" * 14]
+    for name, config in ANCHORS.items():
+        for dtype in sorted({k[1] for k in found if k[0] == name}):
+            ours = found.get((name, dtype, "ssd_forward", "cutile"))
+            mamba = found.get((name, dtype, "ssd_forward", "mamba_ssm"))
+            torch = found.get((name, dtype, "ssd_forward", "torch"))
+            info = ours["extra_info"] if ours else {}
+            speedup = (f"{mamba['stats']['median'] / ours['stats']['median']:.2f}x"
+                       if ours and mamba else "-")
+            met = {True: "yes", False: "no"}.get(info.get("meets_target"), "-")
+            kernels = []
+            for k in KERNELS:
+                kb = found.get((name, dtype, k, "cutile"))
+                share = kb["extra_info"].get("share_of_ssd_forward_pct") if kb else None
+                kernels.append(_ms(kb) + ("" if share is None else f" ({share:.0f} %)"))
+            pct = f"{info['pct_of_floor']:.0f}" if "pct_of_floor" in info else "-"
+            lines.append(
+                f"| {name} | {', '.join(map(str, config))} | {dtype} | {_ms(ours)} | {_ms(mamba)} "
+                f"| {_ms(torch)} | {speedup} | {info.get('target_ms', '-')} | {met} | {pct} "
+                f"| {info.get('starved_rounds', '-')} | " + " | ".join(kernels) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("bench", help="pytest-benchmark JSON (from --benchmark-json=...)")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.bench) as f:
+            print(table(json.load(f)["benchmarks"]))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
