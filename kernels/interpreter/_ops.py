@@ -67,15 +67,19 @@ def _both_loose(x, y) -> bool:
     return not isinstance(x, Tile) and not isinstance(y, Tile)
 
 
-def _arith(name, fn, x, y, force_float=False, int_only=False):
-    if _both_loose(x, y):
-        return None
+def _arith_dtype(name, x, y, force_float=False):
     dtype = promote(x, y, name, force_float)
     if not is_numeric_arith(dtype):
         raise TypeError(f"{name}: arithmetic on {dtype} tiles is not supported by cuTile"
                         + (" (cast with astype first)" if dtype == ct.tfloat32 else ""))
-    if int_only and not is_integral(dtype):
-        raise TypeError(f"{name} requires integer operands, got {dtype}")
+    return dtype
+
+
+def _arith(name, fn, x, y, force_float=False):
+    """fn on the operands promoted to their common dtype, in that dtype; None for two constants."""
+    if _both_loose(x, y):
+        return None
+    dtype = _arith_dtype(name, x, y, force_float)
     xa, ya = as_storage(x, dtype), as_storage(y, dtype)
     with np.errstate(all="ignore"):
         return finish(fn(xa, ya), dtype)
@@ -101,14 +105,14 @@ def _check_rounding(name, rounding_mode, approx_ok=False):
 def _float_binary(name, fn):
     def op(x, y, /, *, rounding_mode=None, flush_to_zero=False):
         _check_rounding(name, rounding_mode, approx_ok=(name == "truediv"))
-        r = _arith(name, fn, x, y, force_float=(name == "truediv"))
-        if r is None:
+        if _both_loose(x, y):
             return _PY_BINARY[name](x, y)
-        if flush_to_zero:
-            if not is_float(r.dtype):
-                raise TypeError(f"{name}: flush_to_zero needs float operands")
-            return Tile(_ftz(finish(_ftz_operands(fn, x, y, r.dtype), r.dtype)._a), r.dtype)
-        return r
+        if not flush_to_zero:
+            return _arith(name, fn, x, y, force_float=(name == "truediv"))
+        dtype = _arith_dtype(name, x, y, force_float=(name == "truediv"))
+        if not is_float(dtype):
+            raise TypeError(f"{name}: flush_to_zero needs float operands")
+        return finish(_ftz_operands(fn, x, y, dtype), dtype)
     op.__name__ = name
     return op
 
@@ -124,11 +128,9 @@ def _floordiv_fn(a, b):
     return np.floor_divide(a, b)
 
 
-_PY_BINARY = {
-    "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
-    "truediv": lambda x, y: x / y, "floordiv": lambda x, y: x // y, "mod": lambda x, y: x % y,
-    "pow": lambda x, y: x ** y,
-}
+# Two Python constants fold with Python's arithmetic, as cuTile folds them.
+_PY_BINARY = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y,
+              "mul": lambda x, y: x * y, "truediv": lambda x, y: x / y}
 
 add = _float_binary("add", np.add)
 sub = _float_binary("sub", np.subtract)
@@ -157,8 +159,8 @@ def _minmax(name, nan_ignoring, nan_propagating):
             return getattr(builtins, name[:3])(x, y)
         fn = nan_propagating if propagate_nan else nan_ignoring
         if flush_to_zero:
-            dtype = promote(x, y, name)
-            return Tile(_ftz_operands(fn, x, y, dtype), dtype)
+            dtype = _arith_dtype(name, x, y)
+            return finish(_ftz_operands(fn, x, y, dtype), dtype)
         return _arith(name, fn, x, y)
     op.__name__ = name
     return op
