@@ -618,10 +618,10 @@ def test_flush_to_zero_only_when_asked():
     flushed = cti.exp2(t, flush_to_zero=True).numpy()
     assert flushed[0] == 0.0 and flushed[1] == np.float32(2.0**-10)
     tiny = Tile(np.float32([1e-39, -1e-39, 1.0]), ct.float32)  # two subnormals and a normal
-    np.testing.assert_array_equal((tiny + 0.0).numpy(), tiny.numpy())
-    r = cti.add(tiny, 0.0, flush_to_zero=True).numpy()
+    np.testing.assert_array_equal((tiny * 1.0).numpy(), tiny.numpy())
+    r = cti.mul(tiny, 1.0, flush_to_zero=True).numpy()
     np.testing.assert_array_equal(r, [0.0, -0.0, 1.0])
-    assert np.signbit(r[1])
+    assert np.signbit(r[1])  # flushed to a signed zero
 
 
 # ---------------------------------------------------------------------------------------------
