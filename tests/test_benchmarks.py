@@ -46,7 +46,7 @@ TIME_BUDGET_S = 1.0  # GPU seconds of timed rounds per case, at most
 REDUCED_SEQLEN = 1024
 REDUCED_HEADS_PER_GROUP = 2
 IMPLS = ("mamba_ssm", "torch", "cutile")  # per row in this order: mamba_ssm's median is known
-KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")  # when cutile's is recorded
+KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")  # timed after the row's ssd_forward
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
