@@ -26,6 +26,17 @@ from properties.strategies import Problem, problems
 BACKENDS = ("interpreter", "gpu")
 
 
+def resolve_backend(choice: str) -> str:
+    """'gpu' or 'interpreter' for a command line's --backend (auto: GPU if one is present),
+    with the same device detection as pytest's `backend` fixture (conftest.py)."""
+    from conftest import gpu_available
+    if choice == "auto":
+        return "gpu" if gpu_available() else "interpreter"
+    if choice == "gpu" and not gpu_available():
+        raise SystemExit("--backend gpu was asked for but no CUDA device is available")
+    return choice
+
+
 # --------------------------------------------------------------------------------------------
 # Arrays on the backend, kernels with NaN-filled outputs
 

@@ -143,11 +143,22 @@ def mutated_tree(mutant: Mutant) -> Path:
     return root
 
 
-def python_in(root: Path, module_args: list[str], **kwargs) -> subprocess.CompletedProcess:
+def python_in(root: Path, module_args: list[str], *, capture: bool = True,
+              **kwargs) -> subprocess.CompletedProcess:
     """`python <module_args>` with `root`'s packages first on the path (not the installed ones)."""
     env = dict(os.environ, PYTHONPATH=str(root), **kwargs.pop("env", {}))
     return subprocess.run([sys.executable, *module_args], cwd=root, env=env,
-                          capture_output=True, text=True, **kwargs)
+                          capture_output=capture, text=True, **kwargs)
+
+
+def run_planted(name: str, module_args: list[str]) -> int:
+    """Run `python <module_args>` in a copy of the tree with mutant `name` planted (the fuzzer
+    and the replayer demonstrate themselves on a known bug this way); its exit status."""
+    root = mutated_tree(BY_NAME[name])
+    try:
+        return python_in(root, module_args, capture=False).returncode
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass
