@@ -1,0 +1,82 @@
+"""The property harness itself: the mutant catalogue still applies to the kernel source, the ci
+profile is the one loaded under CI, reproducers round-trip, and (slow) every mutant is killed
+and the fuzzer's reproducer of a planted bug replays."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from properties import mutants
+from properties.strategies import Problem, Spec, problem
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_mutant_catalogue_applies_to_current_kernel_source():
+    assert len(mutants.CATALOGUE) >= 10
+    assert len(mutants.BY_NAME) == len(mutants.CATALOGUE), "mutant names must be unique"
+    for m in mutants.CATALOGUE:
+        mutants.check_applies(m)  # ValueError names the mutant whose text drifted
+        assert m.old != m.new
+
+
+def test_drifted_mutant_fails_loudly(tmp_path):
+    m = mutants.CATALOGUE[0]
+    (tmp_path / m.path).parent.mkdir(parents=True)
+    (tmp_path / m.path).write_text("nothing to mutate here\n")
+    with pytest.raises(ValueError, match=m.name):
+        mutants.apply(m, tmp_path)
+
+
+def test_ci_profile_is_loaded_under_ci():
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_PROFILE"}
+    env["CI"] = "true"
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only",
+                          "tests/test_properties.py", "-p", "no:cacheprovider"],
+                         cwd=REPO, env=env, capture_output=True, text=True).stdout
+    assert "hypothesis profile: ci (100 examples" in out, out[-2000:]
+
+
+def test_reproducer_round_trip(tmp_path):
+    spec = Spec(batch=2, seqlen=37, nheads=4, ngroups=2, headdim=5, dstate=3, chunk_size=16,
+                D="channel", z=True, dt_mode="softplus", dt_bias=True, dt_limit=(1e-4, math.inf),
+                initial_states=True, segments=3, decay=2.0, decay_spread=3.0,
+                scales=(0.0, 1.0, -1.0), tails=1.0, seed=7)
+    p = problem(spec).replace(params={"t": 5, "large": True, "seed": 3})
+    p.save(tmp_path / "case.npz", "causal_prefix")
+    name, q = Problem.load(tmp_path / "case.npz")
+    assert name == "causal_prefix"
+    for field in p.ARRAYS:
+        np.testing.assert_array_equal(getattr(q, field), getattr(p, field))
+        assert getattr(q, field).dtype == getattr(p, field).dtype
+    assert (q.chunk_size, q.dt_softplus, q.dt_limit, q.params, q.spec) == \
+        (p.chunk_size, p.dt_softplus, p.dt_limit, p.params, p.spec)
+
+
+@pytest.mark.slow
+def test_every_mutant_is_killed(tmp_path):
+    report = tmp_path / "report.txt"
+    rc = mutants.main(["--report", str(report)])
+    assert rc == 0, report.read_text()
+
+
+@pytest.mark.slow
+def test_fuzzer_reproducer_of_planted_bug_replays(tmp_path):
+    out = tmp_path / "fuzz"
+    run = [sys.executable, "-m", "properties.fuzz", "--minutes", "0.5", "--backend",
+           "interpreter", "--out", str(out), "--properties", "causal_prefix",
+           "--mutant", "causal_mask_off_by_one"]
+    assert subprocess.run(run, cwd=REPO).returncode == 1
+    summary = json.loads((out / "summary.json").read_text())
+    command = summary["failures"]["causal_prefix"].split()
+    assert command[:3] == ["python", "-m", "properties.replay"]
+    replay = [sys.executable, *command[1:]]
+    assert subprocess.run(replay, cwd=REPO).returncode == 1  # the planted bug reproduces
+    fixed = [a for a in replay if a not in ("--mutant", "causal_mask_off_by_one")]
+    assert subprocess.run(fixed, cwd=REPO).returncode == 0  # the real kernel passes it
