@@ -143,6 +143,9 @@ def backend_of(**arrays) -> Backend:
 
 
 
+# Smallest tile extent the launchers feed to ct.mma; smaller dimensions are zero padded up to it.
+MMA_MIN = 16
+
 # The grid's 2nd and 3rd axes (nheads, batch in every launcher) are limited to 65535 by CUDA.
 GRID_YZ_MAX = 65535
 

@@ -9,7 +9,7 @@ import cuda.tile as ct
 from contract import Dims, check_chunk_cumsum_args, check_dt_limit
 from kernels.arrays import backend_of, check_grid, pow2_tile
 
-LOG2E = 1.4426950408889634  # log2(e): dA_cumsum is in log2 units so later exponentials are exp2
+LOG2E = 1.4426950408889634  # log2(e): dA_cumsum is in log2 units, later exponentials are exp2
 SOFTPLUS_THRESHOLD = 20.0  # softplus(v) = v above it (as mamba_ssm and the reference)
 
 # Heads per program: a [CHUNK, BLOCK_H] tile; 16 heads x 256 tokens is 16 KiB of fp32.

@@ -5,9 +5,8 @@ from __future__ import annotations
 import cuda.tile as ct
 
 from contract import check_compute_out_args
-from kernels.arrays import backend_of, check_grid, pow2_tile
-
-LOG2E = 1.4426950408889634  # the z gate's sigmoid is taken with exp2 too
+from kernels.arrays import MMA_MIN, backend_of, check_grid, pow2_tile
+from kernels.chunk_cumsum import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
 # Tile sizes (launcher-chosen constants, so performance work can tune them here): a program
 # computes [BLOCK_T, BLOCK_P] of y, looping over the chunk's s-blocks of BLOCK_T tokens up to the
@@ -17,7 +16,6 @@ LOG2E = 1.4426950408889634  # the z gate's sigmoid is taken with exp2 too
 MAX_BLOCK_T = 64
 MAX_BLOCK_P = 64
 TILE_ELEMENTS = 8192
-MMA_MIN = 16  # smallest tile extent fed to ct.mma; smaller dimensions are zero padded up to it
 
 
 @ct.kernel

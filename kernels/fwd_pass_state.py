@@ -5,7 +5,7 @@ from __future__ import annotations
 import cuda.tile as ct
 
 from contract import check_fwd_pass_state_args
-from kernels.arrays import backend_of, check_grid, pow2_tile
+from kernels.arrays import MMA_MIN, backend_of, check_grid, pow2_tile
 
 # Tile sizes (launcher-chosen constants, so performance work can tune them here):
 # the state slice of one program is [BLOCK_P, BLOCK_N]; the chunk's tokens are consumed
@@ -13,7 +13,6 @@ from kernels.arrays import backend_of, check_grid, pow2_tile
 MAX_BLOCK_P = 64
 MAX_BLOCK_N = 64
 MAX_BLOCK_K = 64
-MMA_MIN = 16  # smallest tile extent fed to ct.mma; smaller dimensions are zero padded up to it
 
 
 @ct.kernel
