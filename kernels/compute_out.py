@@ -64,7 +64,8 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         sb = c * T_PER_CHUNK + j
         Bs = ct.load(B, (b, sb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                      padding_mode=ct.PaddingMode.ZERO)
-        Bs = ct.transpose(ct.reshape(Bs, (BLOCK_T, DSTATE))).astype(ct.tfloat32)  # [DSTATE, BLOCK_T]
+        # [DSTATE, BLOCK_T]
+        Bs = ct.transpose(ct.reshape(Bs, (BLOCK_T, DSTATE))).astype(ct.tfloat32)
         cb = ct.mma(Ct, Bs, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [t, s]
         a_s = ct.reshape(ct.load(dA_cumsum, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))
         dt_s = ct.reshape(ct.load(dt_out, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))

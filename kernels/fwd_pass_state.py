@@ -65,7 +65,8 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             Bk = ct.load(B, (b, tb, g, nb), shape=(1, BLOCK_K, 1, BLOCK_N),
                          padding_mode=ct.PaddingMode.ZERO)
             Bk = ct.reshape(Bk, (BLOCK_K, BLOCK_N))
-            ak = ct.reshape(ct.load(dA_cumsum, (b, h, c, k), shape=(1, 1, 1, BLOCK_K)), (BLOCK_K, 1))
+            ak = ct.load(dA_cumsum, (b, h, c, k), shape=(1, 1, 1, BLOCK_K))
+            ak = ct.reshape(ak, (BLOCK_K, 1))
             dtk = ct.reshape(ct.load(dt_out, (b, h, c, k), shape=(1, 1, 1, BLOCK_K)), (BLOCK_K, 1))
             # w_s = dt_s * 2^(a_last - a_s); the exponent is <= 0 up to rounding: clamped
             w = dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))  # [BLOCK_K, 1]

@@ -114,12 +114,14 @@ def test_chunk_cumsum_refuses(kw):
 
 def stage_kw(kw):
     nchunks = -(-CASE.seqlen // CASE.chunk_size)
-    return dict(x=kw["x"], B=kw["B"], dt_out=f32(2, 4, nchunks, 16), dA_cumsum=-f32(2, 4, nchunks, 16))
+    return dict(x=kw["x"], B=kw["B"], dt_out=f32(2, 4, nchunks, 16),
+                dA_cumsum=-f32(2, 4, nchunks, 16))
 
 
 def test_fwd_pass_state_refuses(kw):
     s = stage_kw(kw)
-    refused(ValueError, "dA_cumsum must have shape", fwd_pass_state, **dict(s, dA_cumsum=f32(2, 4, 3, 32)))
+    refused(ValueError, "dA_cumsum must have shape", fwd_pass_state,
+            **dict(s, dA_cumsum=f32(2, 4, 3, 32)))
     refused(ValueError, "chunk_size must be one of", fwd_pass_state,
             **dict(s, dt_out=f32(2, 4, 5, 8), dA_cumsum=f32(2, 4, 5, 8)))
     refused(ValueError, "initial_states must have shape", fwd_pass_state, **s,
