@@ -79,9 +79,12 @@ def _max_abs(*arrays) -> list[float]:
     return [0.0 if a is None else float(np.max(np.abs(a), initial=0.0)) for a in arrays]
 
 
-def _floor(p: Problem, dt_out, states) -> float:
+def _floor(p: Problem, dt_out, *states) -> float:
+    """The flush-to-zero allowance: every factor's largest magnitude (states: the largest of
+    the given state arrays or magnitudes)."""
     d = p.dims
-    return ftz_floor(d.seqlen, d.dstate, *_max_abs(p.x, p.B, p.C, dt_out, states, p.D, p.z))
+    return ftz_floor(d.seqlen, d.dstate, *_max_abs(p.x, p.B, p.C, dt_out, p.D, p.z),
+                     max(_max_abs(*states), default=0.0))
 
 
 @dataclass
@@ -111,10 +114,11 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     dt_out, dA = R.chunk_cumsum_ref(p.dt, p.A, *cumsum_args)
     _, dA_w = R.chunk_cumsum_ref(p.dt, A_weaker, *cumsum_args)
     lam = chunk_decay_factor * float(np.max(np.abs(dA)))
-    final_M = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA, p.initial_states, p.seq_idx)[1]
+    states_M, final_M = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA, p.initial_states,
+                                                   p.seq_idx)
     final_M_w = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA_w, p.initial_states,
                                            p.seq_idx)[1]
-    floor = _floor(p, dt_out, p.initial_states)
+    floor = _floor(p, dt_out, states_M, final_M)
     k_y = kappa("forward", d.seqlen, cs, d.dstate) + extra_kappa
     k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate) + extra_kappa
     return ForwardBounds(
@@ -124,10 +128,10 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
 
 
 def check_close(what: str, got, ref, bound, M, p: Problem, *, label: str | None = None,
-                floor: float = 0.0) -> dict:
+                floor: float = 0.0, unit: tuple[str, float] = ("u", U_TF32)) -> dict:
     """Assert every element of `got` is finite and within `bound` of `ref`; return the observed
-    max err/(u*M) (of the error beyond the flush-to-zero allowance `floor`) and max err/bound,
-    keyed by `label` (default `what`: a stable name, so hypothesis.target can follow it)."""
+    max err/(u*M) (of the error beyond the flush-to-zero allowance `floor`; `unit` names u) and
+    max err/bound, keyed by `label` (default `what`: a stable name for hypothesis.target)."""
     got = np.asarray(got, np.float64)
     ref = np.asarray(ref, np.float64)
     bad = ~np.isfinite(got)
@@ -144,16 +148,17 @@ def check_close(what: str, got, ref, bound, M, p: Problem, *, label: str | None 
     M = np.broadcast_to(M, err.shape)
     beyond = np.maximum(err - floor, 0.0)
     ratio = float(np.max(np.where(M > 0, beyond / np.where(M > 0, M, 1.0), 0.0),
-                         initial=0.0)) / U_TF32
+                         initial=0.0)) / unit[1]
     if over.any():
         w = tuple(int(i) for i in worst)
         raise AssertionError(
             f"{what}: {int(over.sum())} of {err.size} elements outside the bound; worst at {w}: "
             f"got {got[w]:.9g}, reference {ref[w]:.9g}, |err| {err[w]:.3g} > bound {bound[w]:.3g} "
-            f"(err/(u*M) = {err[w] / (U_TF32 * M[w]) if M[w] > 0 else math.inf:.3g}, "
+            f"(err/({unit[0]}*M) = {err[w] / (unit[1] * M[w]) if M[w] > 0 else math.inf:.3g}, "
             f"max over elements {ratio:.3g})\n  {p.describe()}")
     label = label or what
-    return {f"{label} err/(u*M)": ratio, f"{label} err/bound": float(np.max(use, initial=0.0))}
+    return {f"{label} err/({unit[0]}*M)": ratio,
+            f"{label} err/bound": float(np.max(use, initial=0.0))}
 
 
 def check_identical(what: str, got, expected, p: Problem):
@@ -202,12 +207,14 @@ def chunk_cumsum_alone(p: Problem, backend: str) -> dict:
     dt_out, dA = _call(chunk_cumsum, backend, p.dt, p.A, *args)
     dt_ref, dA_ref = R.chunk_cumsum_ref(p.dt, p.A, *args)
     dt_bound, dA_bound = chunk_cumsum_bound(dt_ref, dA_ref, p.chunk_size)
-    # + the flush-to-zero allowance: every term dt * A below 2^-126 may vanish
+    # + the flush-to-zero allowance: every term dt * A below 2^-126 may vanish; the observed
+    # error is reported relative to |ref| in fp32 units (these are fp32 computations)
+    u32 = ("u32", U_FP32)
     return _merge(
         check_close("chunk_cumsum dt_out", dt_out, dt_ref, dt_bound + FTZ_MIN, np.abs(dt_ref), p,
-                    floor=FTZ_MIN),
+                    floor=FTZ_MIN, unit=u32),
         check_close("chunk_cumsum dA_cumsum", dA, dA_ref, dA_bound + p.chunk_size * FTZ_MIN,
-                    np.abs(dA_ref), p, floor=p.chunk_size * FTZ_MIN))
+                    np.abs(dA_ref), p, floor=p.chunk_size * FTZ_MIN, unit=u32))
 
 
 def _exact_upstream(p: Problem):
@@ -231,7 +238,7 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     states_M, final_M = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA, p.initial_states,
                                                    p.seq_idx)
     k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate)
-    floor = _floor(p, dt_out, p.initial_states)
+    floor = _floor(p, dt_out, states_M, final_M)
     return _merge(
         check_close("fwd_pass_state chunk_states", states, states_ref,
                     tf32_bound(states_M, k) + floor, states_M, p, floor=floor),
