@@ -1,6 +1,6 @@
 """Nightly fuzzing: every property for a time budget with the `nightly` profile.
 
-    python -m properties.fuzz --minutes 30 --backend gpu --out fuzz-out/
+    python -m properties.fuzz --minutes 30 --backend gpu --out .fuzz/
 
 Round-robin over the properties, `--round` examples per property at a time (generate and target
 phases: hypothesis.target climbs toward the worst bound ratio), until the budget is spent. The
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--backend", choices=("auto", "gpu", "interpreter"), default="auto")
-    parser.add_argument("--out", type=Path, default=Path("fuzz-out"))
+    parser.add_argument("--out", type=Path, default=Path(".fuzz"))
     parser.add_argument("--properties", nargs="*", help="names (default: all)")
     parser.add_argument("--round", type=int, default=20, help="examples per property per round")
     parser.add_argument("--mutant", help="plant this catalogue bug first (a demonstration)")

@@ -1,6 +1,6 @@
 """Replay reproducers: run each stored example's property on its stored inputs.
 
-    python -m properties.replay fuzz-out/causal_prefix.npz [more.npz ...] [--backend gpu]
+    python -m properties.replay .fuzz/causal_prefix.npz [more.npz ...] [--backend gpu]
     python -m properties.replay properties/reproducers/*.npz
 
 Prints PASS or FAIL (with the property's message) per file; exits 1 if any fails. `--mutant
