@@ -1,6 +1,7 @@
 """Pytest set-up shared by every test: GPU detection, the backend option, markers."""
 
 import functools
+import os
 
 import pytest
 from hypothesis import settings
@@ -49,6 +50,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") or item.get_closest_marker("benchmark"):
             item.add_marker(skip)
+
+
+def pytest_configure(config):
+    # Hypothesis' own `--hypothesis-profile NAME` picks the matching size caps too
+    name = config.getoption("hypothesis_profile", None)
+    if name:
+        os.environ["HYPOTHESIS_PROFILE"] = name
 
 
 def pytest_report_header(config):
