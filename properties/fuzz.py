@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", choices=("auto", "gpu", "interpreter"), default="auto")
     parser.add_argument("--out", type=Path, default=Path(".fuzz"))
     parser.add_argument("--properties", nargs="*", help="names (default: all)")
-    parser.add_argument("--round", type=int, default=20, help="examples per property per round")
+    parser.add_argument("--round", type=int, default=50, help="examples per property per round")
     parser.add_argument("--mutant", help="plant this catalogue bug first (a demonstration)")
     parser.add_argument("--planted", help=argparse.SUPPRESS)  # set by --mutant's re-run
     args = parser.parse_args(argv)
