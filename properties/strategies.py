@@ -160,8 +160,9 @@ def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
     if extreme:
         decay = draw(st.floats(3.0, 4.0))
         scales = [draw(st.floats(-8.0, 8.0)) for _ in range(3)]
-        # keep the product of the three scales (a term of y) inside [1e-20, 1e12]: y stays
-        # finite and above the flush-to-zero range whatever the tails
+        # keep the product of the three scales (a term of y) inside [1e-20, 1e12]: with the
+        # tails (at most 1e9 more) y stays finite; what falls below 2^-126 is the bound's
+        # flush-to-zero allowance
         excess = max(sum(scales) - 12.0, 0.0) + min(sum(scales) + 20.0, 0.0)
         scales = tuple(s - excess / 3.0 for s in scales)
     else:
