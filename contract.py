@@ -96,13 +96,19 @@ def _float(name, a, allowed):
         raise TypeError(f"{name} must have a floating dtype in {allowed}, got {dt}")
 
 
-def _host_vector(a) -> np.ndarray:
-    """A small per-head vector as a float64 NumPy array (copies from the GPU if needed)."""
-    if hasattr(a, "get"):  # cupy
-        a = a.get()
-    elif hasattr(a, "detach"):  # torch
-        a = a.detach().float().cpu().numpy()
-    return np.asarray(a, dtype=np.float64)
+def _host_vectors(*arrays) -> list[np.ndarray]:
+    """Small vectors as float64 NumPy arrays; GPU arrays of one kind are concatenated on the device
+    and copied to the host once (one synchronisation, not one per vector)."""
+    if arrays and all(hasattr(a, "get") for a in arrays):  # cupy
+        import cupy
+        flat = cupy.concatenate([cupy.ravel(a).astype(cupy.float64) for a in arrays]).get()
+    elif arrays and all(hasattr(a, "detach") for a in arrays):  # torch
+        import torch
+        flat = torch.cat([a.detach().reshape(-1).double() for a in arrays]).cpu().numpy()
+    else:
+        flat = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+    sizes = np.cumsum([int(np.prod(a.shape)) for a in arrays])[:-1]
+    return np.split(flat, sizes)
 
 
 def check_chunk_size(chunk_size) -> int:
@@ -123,18 +129,16 @@ def check_dt_limit(dt_limit) -> tuple[float, float]:
     return lo, hi
 
 
-def check_A(A, nheads: int):
-    _expect("A", A, (nheads,))
-    a = _host_vector(A)
-    if not np.all(np.isfinite(a)):
-        raise ValueError("A must be finite")
-    if not np.all(a < 0):
-        raise ValueError(f"A must be < 0 for every head (decays); got max {float(a.max())!r}")
-
-
-def check_finite_vector(name, v):
-    if not np.all(np.isfinite(_host_vector(v))):
-        raise ValueError(f"{name} must be finite")
+def check_vector_values(A=None, D=None, dt_bias=None):
+    """A finite and < 0 for every head, D and dt_bias finite (those given): the value checks,
+    which read the values (for GPU arrays: one device-to-host copy, a synchronisation)."""
+    given = [(n, v) for n, v in (("A", A), ("D", D), ("dt_bias", dt_bias)) if v is not None]
+    for (name, _), values in zip(given, _host_vectors(*(v for _, v in given))):
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"{name} must be finite")
+        if name == "A" and not np.all(values < 0):
+            raise ValueError(f"A must be < 0 for every head (decays); got max "
+                             f"{float(values.max())!r}")
 
 
 def check_seq_idx(seq_idx, batch: int, seqlen: int):
@@ -150,7 +154,6 @@ def _check_D_z(D, z, dims: Dims, float_dtypes):
         else:
             _expect("D", D, dims.shape("D"))
         _float("D", D, float_dtypes)
-        check_finite_vector("D", D)
     if z is not None:
         _expect("z", z, dims.shape("z"))
         _float("z", z, float_dtypes)
@@ -158,10 +161,11 @@ def _check_D_z(D, z, dims: Dims, float_dtypes):
 
 def check_forward_args(x, dt, A, B, C, chunk_size=None, *, D=None, z=None, dt_bias=None,
                        initial_states=None, seq_idx=None, dt_limit=(0.0, math.inf),
-                       float_dtypes=FLOAT_DTYPES) -> Dims:
+                       float_dtypes=FLOAT_DTYPES, check_values=True) -> Dims:
     """Validate the arguments of the whole forward; return its dimensions.
 
     `chunk_size=None` means the caller has no chunks (the recurrent and quadratic forms).
+    `check_values=False` leaves out check_vector_values (the only check that reads values).
     """
     batch, seqlen, nheads, headdim = _shape("x", x, 4)
     if min(batch, seqlen, nheads, headdim) < 1:
@@ -183,35 +187,38 @@ def check_forward_args(x, dt, A, B, C, chunk_size=None, *, D=None, z=None, dt_bi
                 None if chunk_size is None else check_chunk_size(chunk_size))
     _expect("C", C, dims.shape("C"))
     _float("C", C, float_dtypes)
-    check_A(A, nheads)
+    _expect("A", A, (nheads,))
     _check_D_z(D, z, dims, float_dtypes)
     if dt_bias is not None:
         _expect("dt_bias", dt_bias, (nheads,))
         _float("dt_bias", dt_bias, float_dtypes)
-        check_finite_vector("dt_bias", dt_bias)
     if initial_states is not None:
         _expect("initial_states", initial_states, dims.shape("initial_states"))
         _float("initial_states", initial_states, float_dtypes)
     if seq_idx is not None:
         check_seq_idx(seq_idx, batch, seqlen)
     check_dt_limit(dt_limit)
+    if check_values:
+        check_vector_values(A, D=D, dt_bias=dt_bias)
     return dims
 
 
 def check_chunk_cumsum_args(dt, A, chunk_size, *, dt_bias=None, dt_limit=(0.0, math.inf),
-                            float_dtypes=FLOAT_DTYPES) -> tuple[int, int, int, int]:
+                            float_dtypes=FLOAT_DTYPES,
+                            check_values=True) -> tuple[int, int, int, int]:
     """Validate chunk_cumsum's arguments; return (batch, seqlen, nheads, chunk_size)."""
     batch, seqlen, nheads = _shape("dt", dt, 3)
     if min(batch, seqlen, nheads) < 1:
         raise ValueError(f"dt must have no empty dimension, got shape {tuple(dt.shape)}")
     _float("dt", dt, float_dtypes)
     chunk_size = check_chunk_size(chunk_size)
-    check_A(A, nheads)
+    _expect("A", A, (nheads,))
     if dt_bias is not None:
         _expect("dt_bias", dt_bias, (nheads,))
         _float("dt_bias", dt_bias, float_dtypes)
-        check_finite_vector("dt_bias", dt_bias)
     check_dt_limit(dt_limit)
+    if check_values:
+        check_vector_values(A, dt_bias=dt_bias)
     return batch, seqlen, nheads, chunk_size
 
 
@@ -248,7 +255,7 @@ def check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, *, initial_states=None, s
 
 
 def check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, *, D=None, z=None,
-                           seq_idx=None, float_dtypes=FLOAT_DTYPES) -> Dims:
+                           seq_idx=None, float_dtypes=FLOAT_DTYPES, check_values=True) -> Dims:
     dims = _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes)
     _expect("C", C, dims.shape("C"))
     _float("C", C, float_dtypes)
@@ -257,4 +264,6 @@ def check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, *, D=None, 
     _check_D_z(D, z, dims, float_dtypes)
     if seq_idx is not None:
         check_seq_idx(seq_idx, dims.batch, dims.seqlen)
+    if check_values and D is not None:
+        check_vector_values(D=D)
     return dims

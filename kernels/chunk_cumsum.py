@@ -68,13 +68,15 @@ def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit
     return grid, args
 
 
-def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf)):
+def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf),
+                 *, check_values=True):
     """(dt_out, dA_cumsum), both (batch, nheads, nchunks, chunk_size) float32, of the caller's
     array type: dt <- clamp(softplus?(dt + dt_bias), dt_limit), zero beyond seqlen, and its
-    in-chunk cumulative decay dt * A in log2 units."""
+    in-chunk cumulative decay dt * A in log2 units. `check_values=False`: as in ssd_forward."""
     backend = backend_of(dt=dt, A=A, dt_bias=dt_bias)
     batch, seqlen, nheads, chunk_size = check_chunk_cumsum_args(
-        dt, A, chunk_size, dt_bias=dt_bias, dt_limit=dt_limit, float_dtypes=("float32",))
+        dt, A, chunk_size, dt_bias=dt_bias, dt_limit=dt_limit, float_dtypes=("float32",),
+        check_values=check_values)
     dt_limit = check_dt_limit(dt_limit)
     check_grid(batch, nheads)
     dt, A = backend.contiguous_float32(dt), backend.contiguous_float32(A)

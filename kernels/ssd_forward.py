@@ -14,19 +14,22 @@ from kernels.fwd_pass_state import _fwd_pass_state_kernel, fwd_pass_state_launch
 
 def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                 seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-                return_final_states=False):
+                return_final_states=False, *, check_values=True):
     """y (batch, seqlen, nheads, headdim), or (y, final_states) with return_final_states;
     float32 arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the
     GPU, on the current stream).
 
     Every argument is checked before the first launch; then the three kernels run in order
-    (forward_launches).
+    (forward_launches). Checking the values of A, D and dt_bias (A < 0, all finite) copies them
+    to the host: one synchronisation per call. `check_values=False` (keyword only) leaves that
+    check out, for CUDA graph capture and timing loops whose vectors were checked once before;
+    bad values are then the caller's responsibility (shapes and dtypes are still checked).
     """
     backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                               initial_states=initial_states, seq_idx=seq_idx, dt_limit=dt_limit,
-                              float_dtypes=("float32",))
+                              float_dtypes=("float32",), check_values=check_values)
     dt_limit = check_dt_limit(dt_limit)
     check_grid(dims.batch, dims.nheads)
     x, dt, A, B, C, D, z, dt_bias, initial_states = (

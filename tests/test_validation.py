@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+import contract
 import kernels
 from kernels import arrays, chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from shapes import Case, make_inputs
@@ -110,6 +111,31 @@ def test_chunk_cumsum_refuses(kw):
             chunk_size=16)
     refused(ValueError, "dt_bias must be finite", chunk_cumsum, dt=kw["dt"], A=kw["A"],
             chunk_size=16, dt_bias=np.full(4, np.inf, np.float32))
+
+
+def test_vector_values_read_with_one_host_copy(kw, monkeypatch):
+    """A, D and dt_bias are read together (on a GPU: one device-to-host copy, one sync)."""
+    copies = []
+    read = contract._host_vectors
+    monkeypatch.setattr(contract, "_host_vectors", lambda *a: copies.append(len(a)) or read(*a))
+    kw.update(D=-kw["A"], dt_bias=np.ones(4, np.float32))
+    with pytest.raises(AssertionError, match="launched"):  # valid: checks pass, launch reached
+        ssd_forward(**kw)
+    assert copies == [3]
+
+
+def test_check_values_false_skips_only_the_value_reads(kw, monkeypatch):
+    """check_values=False reads no values (A > 0 goes through), but shapes are still checked."""
+    def read(*arrays):
+        raise AssertionError("values read despite check_values=False")
+    monkeypatch.setattr(contract, "_host_vectors", read)
+    kw["A"] = -kw["A"]
+    with pytest.raises(AssertionError, match="launched"):
+        ssd_forward(**kw, check_values=False)
+    refused(ValueError, "A must have shape", ssd_forward, **dict(kw, A=kw["A"][:-1]),
+            check_values=False)
+    with pytest.raises(AssertionError, match="launched"):
+        chunk_cumsum(kw["dt"], kw["A"], 16, check_values=False)
 
 
 def stage_kw(kw):
