@@ -1,0 +1,215 @@
+"""Tile-size / hint sweep of the cuTile kernels on the anchor rows (GPU only).
+
+    python -m benchmarks.sweep [--rows mamba2_2p7b,chunk_64] [--reps 20] [--json out.json]
+    python -m benchmarks.sweep --forward [--rows ...]
+
+--forward times ssd_forward itself (D, final states) with check_values=True (the default: A, D
+read on the host, a synchronisation inside the timed span) and check_values=False, same method.
+
+Each variant is a kernel module (kernels/compute_out.py or kernels/fwd_pass_state.py) loaded
+from a copy of its source with textual edits applied (e.g. a `latency=` hint on a load) and
+module constants overridden (the MAX_BLOCK_* the launcher reads), plus compiler hints
+(`kernel.replace_hints(occupancy=...)`). Every variant's output is compared with the default
+variant's (max |diff| / max |default|, TF32 noise is ~1e-3) and timed with CUDA events, L2
+flushed before every launch, median of --reps launches. The kernels' inputs come from the
+default kernels before them. Prints one table; the notes (benchmarks/NOTES.md) keep the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.configs import ANCHORS
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (name, module constants, textual edits [(old, new, count)], compiler hints); the first of each
+# list is the code as committed (its output is the reference of the others)
+LOOP_LAT = 'padding_mode=ct.PaddingMode.ZERO)'
+T128 = {"MAX_BLOCK_T": 128, "TILE_ELEMENTS": 16384}
+COMPUTE_OUT_VARIANTS = [
+    ("T64_occ2", {}, [], {}),
+    ("T64_occ3", {}, [], {"occupancy": 3}),
+    ("T64_occ4", {}, [], {"occupancy": 4}),
+    ("T32_occ4", {"MAX_BLOCK_T": 32}, [], {"occupancy": 4}),
+    ("T128_occ2", T128, [], {}),
+    ("T64_occ1", {}, [], {"occupancy": 1}),
+    ("T64_occ2_w4", {}, [], {"num_worker_warps": 4}),
+    ("T64_occ2_w8", {}, [], {"num_worker_warps": 8}),
+]
+FWD_PASS_STATE_VARIANTS = [
+    ("P64N128K64", {}, [], {}),
+    ("P64N128K128", {"MAX_BLOCK_K": 128}, [], {}),
+    ("P32N128K64", {"MAX_BLOCK_P": 32}, [], {}),
+    ("P64N128K64_occ1", {}, [], {"occupancy": 1}),
+    ("P64N128K64_occ2", {}, [], {"occupancy": 2}),
+    ("P64N64K64", {"MAX_BLOCK_N": 64}, [], {}),
+]
+# rows whose kernel specializations differ: chunk 256 / dstate 128, chunk 64, chunk 128 / dstate 64
+DEFAULT_ROWS = ("mamba2_2p7b", "chunk_64", "groups_8")
+
+
+def load_variant(module: str, constants: dict, edits: list, tmpdir: Path, tag: str):
+    """The kernel module `kernels/<module>.py` with edits and constants applied, loaded anew."""
+    src = (REPO / "kernels" / f"{module}.py").read_text()
+    for old, new, count in edits:
+        n = src.count(old)
+        if n == 0 or (count is not None and n != count):
+            raise ValueError(f"{module} {tag}: edit {old!r} matches {n} times")
+        src = src.replace(old, new)
+    path = tmpdir / f"{module}_{tag}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"sweep_{module}_{tag}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    for k, v in constants.items():
+        if not hasattr(mod, k):
+            raise ValueError(f"{module} has no constant {k}")
+        setattr(mod, k, v)
+    return mod
+
+
+def gpu_time(launch, reps: int, flush) -> float:
+    """Median ms of `launch()` over `reps` rounds, L2 flushed before each."""
+    import cupy
+    times = []
+    for _ in range(reps):
+        flush()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def make_inputs(config):
+    import cupy
+    batch, seqlen, nheads, headdim, dstate, ngroups, chunk_size = config
+    rng = cupy.random.default_rng(sum(config))
+    f32 = cupy.float32
+    return dict(
+        x=rng.standard_normal((batch, seqlen, nheads, headdim), dtype=f32),
+        dt=cupy.exp(rng.uniform(math.log(1e-3), math.log(1e-1),
+                                (batch, seqlen, nheads))).astype(f32),
+        A=-rng.uniform(1.0, 16.0, nheads).astype(f32),
+        B=rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
+        C=rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
+        D=rng.standard_normal(nheads, dtype=f32),
+    )
+
+
+def sweep_row(name, reps, flush, tmpdir, results, only=None):
+    import cupy
+    import cuda.tile as ct
+    import kernels
+    config = ANCHORS[name]
+    inp = make_inputs(config)
+    Q = config[-1]
+    stream = cupy.cuda.get_current_stream()
+    dt_out, dA_cumsum = kernels.chunk_cumsum(inp["dt"], inp["A"], Q)
+    from kernels.chunk_cumsum import _chunk_cumsum_kernel, chunk_cumsum_launch
+    grid, args = chunk_cumsum_launch(inp["dt"], inp["A"], None, cupy.empty_like(dt_out),
+                                     cupy.empty_like(dA_cumsum), False, (0.0, math.inf))
+    ms = gpu_time(lambda: ct.launch(stream, grid, _chunk_cumsum_kernel, args), reps, flush)
+    results.append(dict(row=name, kernel="chunk_cumsum", variant="default", ms=ms, rel=0.0,
+                        compile_s=0.0))
+    print(f"{name:12s} chunk_cumsum   default          {ms:8.4f} ms", flush=True)
+    chunk_states, _ = kernels.fwd_pass_state(inp["x"], inp["B"], dt_out, dA_cumsum)
+    cupy.cuda.runtime.deviceSynchronize()
+
+    for module, variants in (("fwd_pass_state", FWD_PASS_STATE_VARIANTS),
+                             ("compute_out", COMPUTE_OUT_VARIANTS)):
+        ref = None
+        for tag, constants, edits, hints in variants:
+            if only and tag not in only and tag != variants[0][0]:
+                continue
+            mod = load_variant(module, constants, edits, tmpdir, tag)
+            kernel = getattr(mod, f"_{module}_kernel")
+            if hints:
+                kernel = kernel.replace_hints(**hints)
+            if module == "fwd_pass_state":
+                out = (cupy.full(chunk_states.shape, math.nan, cupy.float32),
+                       cupy.full(chunk_states.shape[:1] + chunk_states.shape[2:], math.nan,
+                                 cupy.float32))
+                grid, args = mod.fwd_pass_state_launch(inp["x"], inp["B"], dt_out, dA_cumsum,
+                                                       None, None, *out)
+                check = out[0]
+            else:
+                out = cupy.full(inp["x"].shape, math.nan, cupy.float32)
+                grid, args = mod.compute_out_launch(inp["x"], inp["B"], inp["C"], dt_out,
+                                                    dA_cumsum, chunk_states, inp["D"], None,
+                                                    None, out)
+                check = out
+            t0 = time.perf_counter()
+            try:
+                ct.launch(stream, grid, kernel, args)
+                cupy.cuda.runtime.deviceSynchronize()
+            except Exception as e:  # a variant that does not compile is a result too
+                print(f"{name:12s} {module:14s} {tag:16s} FAILED {type(e).__name__}: "
+                      f"{str(e)[:200]}", flush=True)
+                results.append(dict(row=name, kernel=module, variant=tag, error=str(e)[:500]))
+                continue
+            compile_s = time.perf_counter() - t0
+            if ref is None:
+                ref = check.copy()
+            rel = float(cupy.nanmax(cupy.abs(check - ref)) / cupy.max(cupy.abs(ref)))
+            if bool(cupy.isnan(check).any()):
+                rel = math.inf
+            ms = gpu_time(lambda: ct.launch(stream, grid, kernel, args), reps, flush)
+            results.append(dict(row=name, kernel=module, variant=tag, ms=ms, rel=rel,
+                                compile_s=compile_s, grid=list(grid)))
+            print(f"{name:12s} {module:14s} {tag:16s} {ms:8.4f} ms  rel {rel:.2e}  "
+                  f"compile {compile_s:5.1f} s  grid {grid}", flush=True)
+
+
+def time_forward(name, reps, flush, results):
+    import kernels
+    config = ANCHORS[name]
+    inp = make_inputs(config)
+    for check in (True, False):
+        def call():
+            return kernels.ssd_forward(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],
+                                       config[-1], D=inp["D"], return_final_states=True,
+                                       check_values=check)
+        call()
+        ms = gpu_time(call, reps, flush)
+        results.append(dict(row=name, kernel="ssd_forward", variant=f"check_values={check}",
+                            ms=ms))
+        print(f"{name:12s} ssd_forward    check_values={check!s:5s} {ms:8.4f} ms", flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default=",".join(DEFAULT_ROWS))
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--only", default="", help="comma-separated variant tags (plus the default)")
+    p.add_argument("--forward", action="store_true", help="time ssd_forward, checks on / off")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    from benchmarks.timing import cupy_flush
+    flush = cupy_flush()
+    results: list = []
+    only = set(filter(None, a.only.split(",")))
+    with tempfile.TemporaryDirectory() as d:
+        for name in a.rows.split(","):
+            if a.forward:
+                time_forward(name, a.reps, flush, results)
+            else:
+                sweep_row(name, a.reps, flush, Path(d), results, only)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
