@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 # (name, module constants, textual edits [(old, new, count)], compiler hints); the first of each
 # list is the code as committed (its output is the reference of the others)
 LOOP_LAT = 'padding_mode=ct.PaddingMode.ZERO)'
+NO_TMA = 'padding_mode=ct.PaddingMode.ZERO, allow_tma=False)'
 T128 = {"MAX_BLOCK_T": 128, "TILE_ELEMENTS": 16384}
 COMPUTE_OUT_VARIANTS = [
     ("T64_occ2", {}, [], {}),
@@ -43,6 +44,7 @@ COMPUTE_OUT_VARIANTS = [
     ("T64_occ1", {}, [], {"occupancy": 1}),
     ("T64_occ2_w4", {}, [], {"num_worker_warps": 4}),
     ("T64_occ2_w8", {}, [], {"num_worker_warps": 8}),
+    ("T64_occ2_notma", {}, [(LOOP_LAT, NO_TMA, None)], {}),
 ]
 FWD_PASS_STATE_VARIANTS = [
     ("P64N128K64", {}, [], {}),
@@ -51,6 +53,7 @@ FWD_PASS_STATE_VARIANTS = [
     ("P64N128K64_occ1", {}, [], {"occupancy": 1}),
     ("P64N128K64_occ2", {}, [], {"occupancy": 2}),
     ("P64N64K64", {"MAX_BLOCK_N": 64}, [], {}),
+    ("P64N128K64_notma", {}, [(LOOP_LAT, NO_TMA, None)], {}),
 ]
 # rows whose kernel specializations differ: chunk 256 / dstate 128, chunk 64, chunk 128 / dstate 64
 DEFAULT_ROWS = ("mamba2_2p7b", "chunk_64", "groups_8")
