@@ -83,14 +83,8 @@ CASES = [
 ]
 
 
-def _interpreter_available() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("kernels.interpreter") is not None
-
-
 BACKENDS = [
-    pytest.param("interpreter", id="interpreter", marks=pytest.mark.skipif(
-        not _interpreter_available(), reason="kernels/interpreter does not exist yet (issue 4)")),
+    pytest.param("interpreter", id="interpreter"),
     pytest.param("gpu", id="gpu", marks=pytest.mark.gpu),
 ]
 
@@ -131,6 +125,12 @@ def make_inputs(case: Case, seed: int = 0) -> dict:
         runs[:, L // 2] = 7
         kw["seq_idx"] = runs.astype(np.int32)
     return kw
+
+
+def step_options(kw: dict) -> dict:
+    """The dt processing options of make_inputs' `kw` (dt_bias, dt_softplus, dt_limit), as
+    keyword arguments of chunk_cumsum and its reference."""
+    return {k: kw[k] for k in ("dt_bias", "dt_softplus", "dt_limit") if k in kw}
 
 
 def on_backend(backend: str, arrays: dict) -> dict:
