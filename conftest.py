@@ -1,6 +1,7 @@
 """Pytest set-up shared by every test: GPU detection, the backend option, markers."""
 
 import functools
+import math
 import os
 
 import pytest
@@ -23,6 +24,15 @@ def gpu_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:
         return False
+
+
+@pytest.fixture
+def nan_filled_outputs():
+    """Every output the launchers allocate is NaN before a kernel writes it, so an element no
+    program writes cannot pass a comparison (NaN fails every bound and every equality)."""
+    from kernels.arrays import outputs_filled_with
+    with outputs_filled_with(math.nan):
+        yield
 
 
 def pytest_addoption(parser):

@@ -5,22 +5,20 @@ import pytest
 
 import reference as R
 from kernels import chunk_cumsum
-from kernels.arrays import outputs_filled_with
 from properties.bounds import chunk_cumsum_bound
-from shapes import BACKENDS, CASES, make_inputs, on_backend, to_numpy
+from shapes import BACKENDS, CASES, make_inputs, on_backend, step_options, to_numpy
 
-STEP_KEYS = ("dt_bias", "dt_softplus", "dt_limit")
+pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", [c.param() for c in CASES])
 def test_chunk_cumsum_matches_reference(case, backend):
     kw = make_inputs(case)
-    steps = {k: kw[k] for k in STEP_KEYS if k in kw}
+    steps = step_options(kw)
     dt_ref, dA_ref = R.chunk_cumsum_ref(kw["dt"], kw["A"], case.chunk_size, **steps)
     args = on_backend(backend, dict(dt=kw["dt"], A=kw["A"], **steps))
-    with outputs_filled_with(np.nan):
-        dt_out, dA_cumsum = chunk_cumsum(chunk_size=case.chunk_size, **args)
+    dt_out, dA_cumsum = chunk_cumsum(chunk_size=case.chunk_size, **args)
     dt_out, dA_cumsum = to_numpy(dt_out), to_numpy(dA_cumsum)
     assert dt_out.shape == dt_ref.shape and dA_cumsum.shape == dA_ref.shape
     dt_bound, dA_bound = chunk_cumsum_bound(dt_ref, dA_ref, case.chunk_size)

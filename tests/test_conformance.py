@@ -22,15 +22,17 @@ import pytest
 import cuda.tile as ct
 
 import reference as R
+from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from kernels.interpreter import launch
 from properties import bounds
-from shapes import Case, make_inputs, to_numpy
+from shapes import Case, make_inputs, on_backend, step_options, to_numpy
 from test_interpreter import (BF16_CASES, CAST_DTYPES, MMA_DTYPES, PADDINGS, TF32_CASES, U32,
                               _causal_decay_kernel, _copy_2d_kernel, _cumsum_kernel, _grid_kernel,
                               _loop_kernel, _mma_kernel, _pad_kernel, _roundtrip_kernel,
                               _transposed_copy_kernel, from_bits)
+from test_ssd_forward import expected
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("nan_filled_outputs")]
 
 
 def report(name: str, worst: float):
@@ -228,31 +230,18 @@ CASES = [
 ]
 
 
-def _needs(module: str):
-    import importlib.util
-    if importlib.util.find_spec(f"kernels.{module}") is None:
-        pytest.skip(f"kernels/{module}.py does not exist yet")
-
-
 def _gpu(a):
     import cupy
     return None if a is None else cupy.asarray(a)
 
 
-def _steps(kw):
-    return {k: kw[k] for k in ("dt_bias", "dt_softplus", "dt_limit") if k in kw}
-
-
 @pytest.mark.parametrize("case", [c.param() for c in CASES])
 def test_chunk_cumsum_conforms(case):
-    _needs("chunk_cumsum")
-    from kernels.chunk_cumsum import chunk_cumsum
     kw = make_inputs(case)
     cs = case.chunk_size
-    dt_cpu, dA_cpu = chunk_cumsum(kw["dt"], kw["A"], cs, **_steps(kw))
+    dt_cpu, dA_cpu = chunk_cumsum(kw["dt"], kw["A"], cs, **step_options(kw))
     dt_gpu, dA_gpu = (to_numpy(a) for a in chunk_cumsum(
-        _gpu(kw["dt"]), _gpu(kw["A"]), cs, **{k: _gpu(v) if isinstance(v, np.ndarray) else v
-                                             for k, v in _steps(kw).items()}))
+        _gpu(kw["dt"]), _gpu(kw["A"]), cs, **on_backend("gpu", step_options(kw))))
     if case.dt == "plain":  # the processed dt is the raw dt, clamped at (0, inf): exact
         assert_identical(dt_cpu, dt_gpu, "dt_out")
     else:  # exp, log (GPU approximations) in softplus: each side within C_DT u32 of exact
@@ -266,11 +255,8 @@ def test_chunk_cumsum_conforms(case):
 
 @pytest.mark.parametrize("case", [c.param() for c in CASES])
 def test_fwd_pass_state_conforms(case):
-    _needs("fwd_pass_state")
-    from kernels.chunk_cumsum import chunk_cumsum
-    from kernels.fwd_pass_state import fwd_pass_state
     kw = make_inputs(case)
-    dt_out, dA = chunk_cumsum(kw["dt"], kw["A"], case.chunk_size, **_steps(kw))
+    dt_out, dA = chunk_cumsum(kw["dt"], kw["A"], case.chunk_size, **step_options(kw))
     init, seq_idx = kw.get("initial_states"), kw.get("seq_idx")
     states_cpu, final_cpu = fwd_pass_state(kw["x"], kw["B"], dt_out, dA, init, seq_idx)
     states_gpu, final_gpu = (to_numpy(a) for a in fwd_pass_state(
@@ -288,12 +274,8 @@ def test_fwd_pass_state_conforms(case):
 
 @pytest.mark.parametrize("case", [c.param() for c in CASES])
 def test_compute_out_conforms(case):
-    _needs("compute_out")
-    from kernels.chunk_cumsum import chunk_cumsum
-    from kernels.compute_out import compute_out
-    from kernels.fwd_pass_state import fwd_pass_state
     kw = make_inputs(case)
-    dt_out, dA = chunk_cumsum(kw["dt"], kw["A"], case.chunk_size, **_steps(kw))
+    dt_out, dA = chunk_cumsum(kw["dt"], kw["A"], case.chunk_size, **step_options(kw))
     states, _ = fwd_pass_state(kw["x"], kw["B"], dt_out, dA, kw.get("initial_states"),
                                kw.get("seq_idx"))
     opts = {k: kw.get(k) for k in ("D", "z", "seq_idx")}
@@ -307,14 +289,10 @@ def test_compute_out_conforms(case):
 
 @pytest.mark.parametrize("case", [c.param() for c in CASES])
 def test_ssd_forward_conforms(case):
-    _needs("ssd_forward")
-    from kernels.ssd_forward import ssd_forward
-    from test_ssd_forward import expected
     kw = make_inputs(case)
     y_cpu, final_cpu = ssd_forward(**kw, return_final_states=True)
-    y_gpu, final_gpu = (to_numpy(a) for a in ssd_forward(
-        **{k: _gpu(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()},
-        return_final_states=True))
+    y_gpu, final_gpu = (to_numpy(a) for a in ssd_forward(**on_backend("gpu", kw),
+                                                         return_final_states=True))
     _, _, y_M, final_M, y_extra, final_extra = expected(kw)
     u = bounds.U_TF32
     assert_close(y_cpu, y_gpu, 2 * (bounds.tf32_bound(y_M) + y_extra), u * y_M,

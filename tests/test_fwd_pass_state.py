@@ -5,17 +5,17 @@ import pytest
 
 import reference as R
 from kernels import fwd_pass_state
-from kernels.arrays import outputs_filled_with
 from properties.bounds import KAPPA
-from shapes import BACKENDS, CASES, check_within, make_inputs, on_backend
+from shapes import BACKENDS, CASES, check_within, make_inputs, on_backend, step_options
+
+pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
 
 def stage_inputs(case):
     """x, B (fp32 random) and the reference's dt_out, dA_cumsum rounded to fp32: the kernel and
     the reference then read identical inputs."""
     kw = make_inputs(case)
-    steps = {k: kw[k] for k in ("dt_bias", "dt_softplus", "dt_limit") if k in kw}
-    dt_out, dA_cumsum = R.chunk_cumsum_ref(kw["dt"], kw["A"], case.chunk_size, **steps)
+    dt_out, dA_cumsum = R.chunk_cumsum_ref(kw["dt"], kw["A"], case.chunk_size, **step_options(kw))
     return kw, dt_out.astype(np.float32), dA_cumsum.astype(np.float32)
 
 
@@ -27,8 +27,7 @@ def test_fwd_pass_state_matches_reference(case, backend, request):
                   initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
     states_ref, final_ref = R.fwd_pass_state_ref(**inputs)
     states_M, final_M = R.fwd_pass_state_magnitude(**inputs)
-    with outputs_filled_with(np.nan):
-        states, final = fwd_pass_state(**on_backend(backend, inputs))
+    states, final = fwd_pass_state(**on_backend(backend, inputs))
     assert states.shape == states_ref.shape and final.shape == final_ref.shape
     check_within("chunk_states", states, states_ref, states_M, KAPPA, request.node.name)
     check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name)

@@ -8,11 +8,12 @@ import pytest
 
 import reference as R
 from kernels import ssd_forward
-from kernels.arrays import outputs_filled_with
 from properties.bounds import DECAY_ETA, KAPPA, decay_term, kappa
-from shapes import BACKENDS, CASES, Case, check_within, make_inputs, on_backend, to_numpy
+from shapes import (BACKENDS, CASES, Case, check_within, make_inputs, on_backend, step_options,
+                    to_numpy)
 
-STEP_KEYS = ("dt_bias", "dt_softplus", "dt_limit")
+
+pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
 
 def expected(kw: dict):
@@ -24,7 +25,7 @@ def expected(kw: dict):
     cs = kw["chunk_size"]
     y_ref, final_ref = R.ssd_chunked(**kw)
     weaker = dict(kw, A=kw["A"] * (1.0 - DECAY_ETA))
-    steps = {k: kw[k] for k in STEP_KEYS if k in kw}
+    steps = step_options(kw)
 
     def final_magnitude(args):
         dt_out, dA = R.chunk_cumsum_ref(args["dt"], args["A"], cs, **steps)
@@ -44,8 +45,7 @@ def expected(kw: dict):
 def test_ssd_forward_matches_reference(case, backend, request):
     kw = make_inputs(case)
     y_ref, final_ref, y_M, final_M, y_extra, final_extra = expected(kw)
-    with outputs_filled_with(np.nan):
-        y, final = ssd_forward(**on_backend(backend, kw), return_final_states=True)
+    y, final = ssd_forward(**on_backend(backend, kw), return_final_states=True)
     assert y.shape == y_ref.shape and final.shape == final_ref.shape
     check_within("y", y, y_ref, y_M, KAPPA, request.node.name, y_extra)
     check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name, final_extra)
@@ -148,8 +148,7 @@ def test_seqlen_2_pow_20_beyond_int32_offsets(request):
     dt = rng.uniform(0.5, 1.0, (b, L, h), dtype=cupy.float32)
     A = -cupy.ones(h, dtype=cupy.float32)
     D = rng.standard_normal(h, dtype=cupy.float32)
-    with outputs_filled_with(np.nan):
-        y, final = ssd_forward(x, dt, A, B, C, cs, D=D, return_final_states=True)
+    y, final = ssd_forward(x, dt, A, B, C, cs, D=D, return_final_states=True)
     cupy.cuda.runtime.deviceSynchronize()
     kap = kappa("forward", WINDOW, cs, n)
     for name, window, compared in (("first", slice(0, WINDOW), slice(0, WINDOW)),
