@@ -47,7 +47,13 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.Indexed
     v = ct.where(t < seqlen, v, 0.0)
     a = ct.load(A, (hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
     a = ct.reshape(a * LOG2E, (1, BLOCK_H))
-    dA = ct.cumsum(v * a, axis=0)  # [CHUNK, BLOCK_H]: every term <= 0, non-increasing
+    dA = ct.cumsum(v * a, axis=0)  # [CHUNK, BLOCK_H]: every term <= 0
+    # The GPU's parallel scan groups the additions differently for each prefix, so a term that
+    # is tiny next to the running sum (or a zero of the padding) can leave a prefix one ulp above
+    # the one before it (seen on the H200). The running minimum makes dA_cumsum non-increasing,
+    # as the math is, and moves no entry outside the cumsum bound: it replaces a prefix by an
+    # earlier, larger-in-magnitude computed prefix whose true value lies above the true one.
+    dA = ct.scan(dA, 0, ct.minimum, math.inf)
     # stored as (batch, nheads, nchunks, chunk_size); heads past nheads are masked by the store
     ct.store(dt_out, (b, hb, c, 0), ct.reshape(ct.transpose(v), (1, BLOCK_H, 1, CHUNK)))
     ct.store(dA_cumsum, (b, hb, c, 0), ct.reshape(ct.transpose(dA), (1, BLOCK_H, 1, CHUNK)))

@@ -99,6 +99,10 @@ CATALOGUE = [
            "log1p_e = ct.where(grown, ct.log(s) * e / ct.where(grown, s - 1.0, 1.0), e)",
            "log1p_e = ct.log(s)",
            "softplus as log(1 + e^v): all precision lost for v << 0"),
+    Mutant("cumsum_running_min_removed", "kernels/chunk_cumsum.py",
+           "    dA = ct.scan(dA, 0, ct.minimum, math.inf)\n", "",
+           "the parallel scan's cumsum stored as it comes: a prefix one ulp above the one before"
+           " (the bug the property suite found on the H200)"),
     Mutant("dt_limit_upper_ignored", "kernels/chunk_cumsum.py",
            "v = ct.minimum(ct.maximum(v, DT_MIN), DT_MAX)", "v = ct.maximum(v, DT_MIN)",
            "dt_limit's upper end not applied"),

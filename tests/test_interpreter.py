@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import math
 
 import numpy as np
 import pytest
@@ -97,6 +98,14 @@ def _cumsum_kernel(x, y, R: ct.Constant[int], N: ct.Constant[int], AXIS: ct.Cons
                    REVERSE: ct.Constant[bool]):
     """One program: y = cumsum of the [R, N] tile x along AXIS."""
     ct.store(y, (0, 0), ct.cumsum(ct.load(x, (0, 0), shape=(R, N)), axis=AXIS, reverse=REVERSE))
+
+
+@ct.kernel
+def _running_min_kernel(x, y, R: ct.Constant[int], N: ct.Constant[int],
+                        REVERSE: ct.Constant[bool]):
+    """One program: y = running minimum (ct.scan with ct.minimum) of the [R, N] tile x, axis 0."""
+    t = ct.load(x, (0, 0), shape=(R, N))
+    ct.store(y, (0, 0), ct.scan(t, 0, ct.minimum, math.inf, reverse=REVERSE))
 
 
 @ct.kernel
@@ -450,6 +459,33 @@ def test_cumsum_of_representable_values_is_exact(axis, reverse):
     launch((1,), _cumsum_kernel, (x, y, 16, 32, axis, reverse))
     ref = np.flip(np.cumsum(np.flip(x, axis), axis), axis) if reverse else np.cumsum(x, axis)
     np.testing.assert_array_equal(y, ref)
+
+
+def test_cumsum_float32_regroups_like_a_parallel_scan():
+    # x = [1, 2^-24, 2^-24, 0]. In parallel-scan (Kogge-Stone) order, prefix 2 is
+    # 2^-24 + 2^-24 (= 2^-23, exact) added to 1: 1 + 2^-23, representable (the ulp of 1).
+    # Prefix 3 is (0 + 2^-24) + (2^-24 + 1) = 2^-24 + 1 (1 + 2^-24 is a tie, to even: 1) = 1.
+    # So adding a zero takes the prefix one ulp back, as the H200's scan did to dA_cumsum; a
+    # sequential cumsum would give 1, 1, 1, 1 and hide kernels that assume monotone prefixes.
+    x = cti.astile(np.array([1.0, 2.0**-24, 2.0**-24, 0.0], np.float32), dtype=ct.float32)
+    np.testing.assert_array_equal(cti.cumsum(x).numpy(),
+                                  np.array([1.0, 1.0, 1.0 + 2.0**-23, 1.0], np.float32))
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_scan_with_minimum_is_the_running_minimum(reverse):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    y = nan_like(x)
+    launch((1,), _running_min_kernel, (x, y, 16, 8, reverse))
+    ref = np.minimum.accumulate(x[::-1], axis=0)[::-1] if reverse else np.minimum.accumulate(x, 0)
+    np.testing.assert_array_equal(y, ref)
+
+
+def test_scan_of_a_tuple_is_not_supported():
+    t = cti.full((4,), 1.0, ct.float32)
+    with pytest.raises(NotImplementedError, match="scan of a tuple"):
+        cti.scan((t, t), 0, lambda a, b, c, d: (a + c, b + d), (0.0, 0.0))
 
 
 def test_cumsum_bfloat16_rounds_every_step():

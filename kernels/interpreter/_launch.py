@@ -31,7 +31,7 @@ _OP_NAMES = (
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "sinh", "cosh", "tanh",
     "floor", "ceil", "abs", "negative", "isnan", "where", "arange", "full", "zeros", "ones",
     "astile", "reshape", "permute", "transpose", "expand_dims", "broadcast_to", "extract",
-    "insert", "cat", "sum", "prod", "max", "min", "argmax", "argmin", "cumsum", "cumprod",
+    "insert", "cat", "sum", "prod", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "scan",
     "static_assert", "assert_", "static_eval", "static_iter", "ensure_constant",
     "assume_divisible_by",
 )

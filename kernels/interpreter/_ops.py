@@ -18,8 +18,13 @@ Every function works on whole tiles with NumPy (never per element). Semantics de
   operands is the tensor core's computation up to the order of the fp32 additions; the
   accumulator is added after the product, in float32. float32 operands not cast to tfloat32 are
   multiplied in true float32 (sgemm), float64 in float64, int8/uint8 in int32.
-- Reductions and scans: float32 and float64 in NumPy's order (pairwise sum; sequential cumsum),
-  float16/bfloat16 sequentially with a rounding to the dtype after every addition.
+- Reductions and scans: float32 and float64 sums in NumPy's order (pairwise); float32 and float64
+  cumsum in the order of a parallel (Kogge-Stone) scan, because the GPU's scan groups the
+  additions differently for each prefix too: on the H200 a prefix of non-positive terms came out
+  one ulp above the prefix before it, and a sequential cumsum (always monotone for terms of one
+  sign) would hide such a kernel bug on the CPU. float16/bfloat16 sequentially with a rounding to
+  the dtype after every addition. `scan` with a custom function: sequential, the function applied
+  to whole slices along the other axes (it must be elementwise, as cuTile's 0-d combiners are).
 - load padding: ZERO, NEG_ZERO, NAN, POS_INF, NEG_INF as named; UNDETERMINED fills NaN (integer
   tiles: the dtype's minimum) so that a kernel that relies on undetermined padding fails loudly.
   A tile entirely outside the array, or outside with check_bounds=False, raises IndexError
@@ -570,8 +575,37 @@ def cumsum(x, /, axis=0, *, reverse=False, rounding_mode=None, flush_to_zero=Fal
     if x.dtype in (ct.float16, ct.bfloat16):
         return finish(_sequential(x._a, ax, x.dtype, reverse, True), x.dtype)
     a = np.flip(x._a, ax) if reverse else x._a
-    r = np.cumsum(a, axis=ax, dtype=STORAGE[x.dtype])
+    r = _kogge_stone_cumsum(a.astype(STORAGE[x.dtype]), ax)
     return finish(np.flip(r, ax) if reverse else r, x.dtype)
+
+
+def _kogge_stone_cumsum(a: np.ndarray, axis: int) -> np.ndarray:
+    """Inclusive prefix sums in log2(n) rounds: r[i] += r[i - d] for d = 1, 2, 4, ..., each
+    round in the array's dtype (prefix i is a tree sum whose shape depends on i)."""
+    r = np.moveaxis(a, axis, 0).copy()
+    d = 1
+    while d < r.shape[0]:
+        r[d:] = r[d:] + r[:-d]  # the right-hand side is evaluated before the assignment
+        d *= 2
+    return np.moveaxis(r, 0, axis)
+
+
+def scan(x, /, axis, func, identity, *, reverse=False):
+    if isinstance(x, tuple):
+        raise NotImplementedError("scan of a tuple of tiles")
+    x = _tile(x, "scan")
+    ax = _axis(axis, x.ndim, "scan")
+    a = np.moveaxis(x._a, ax, 0)
+    steps = range(a.shape[0] - 1, -1, -1) if reverse else range(a.shape[0])
+    out = np.empty_like(a)
+    acc = None
+    for k in steps:
+        item = Tile(a[k], x.dtype)
+        acc = item if acc is None else func(acc, item)
+        if not isinstance(acc, Tile) or acc.dtype != x.dtype or acc.shape != item.shape:
+            raise TypeError(f"scan: the function must return a {x.dtype} tile like its arguments")
+        out[k] = acc._a
+    return Tile(np.moveaxis(out, 0, ax), x.dtype)
 
 
 def cumprod(x, /, axis=0, *, reverse=False, rounding_mode=None, flush_to_zero=False):
