@@ -607,6 +607,7 @@ def test_torch_baseline_matches_the_reference():
     initial states; in float32 within the forward's bounds (it is more accurate than TF32)."""
     torch = pytest.importorskip("torch")
     from benchmarks.torch_ssd import ssd_chunked_torch
+    from properties.bounds import FLOAT64_REL
     from properties.checks import forward_bounds
     from properties.strategies import Problem
     rng = np.random.default_rng(7)
@@ -620,7 +621,8 @@ def test_torch_baseline_matches_the_reference():
         problem = Problem(x, dt, A, B, C, Q, D=D, initial_states=S0)
         y_ref, final_ref = R.ssd_chunked(x, dt, A, B, C, Q, D=D, initial_states=S0)
         fp32 = forward_bounds(problem)
-        for dtype, y_bound, final_bound in ((torch.float64, 1e-12 * fp32.M, 1e-12 * fp32.final_M),
+        for dtype, y_bound, final_bound in ((torch.float64, FLOAT64_REL * fp32.M,
+                                             FLOAT64_REL * fp32.final_M),
                                             (torch.float32, fp32.y, fp32.final)):
             T = lambda a: torch.from_numpy(a).to(dtype)  # noqa: E731
             y, final = ssd_chunked_torch(T(x), T(dt), T(A), T(B), T(C), Q, D=T(D),

@@ -8,33 +8,9 @@ import numpy as np
 import pytest
 
 import reference as R
-
-U64 = 2.0 ** -53  # unit roundoff of float64
+from properties.bounds import FLOAT64_REL, U_FP64, float64_chunked_rel
 
 LOG2E = 1.0 / math.log(2.0)
-
-# Agreement of two float64 forms, per element, relative to the magnitude M (|a - b| <= REL * M).
-# Every term of y is a product of factors that M takes in absolute value, so a relative rounding
-# u anywhere on a term's path moves y by at most u * M; the longest chain of sequential roundings
-# (decay products, sums over tokens, dstate, the chunk) is n <= seqlen + dstate + chunk_size
-# <= ~800 here, n * u <= 9e-14. The chunked form adds the exponent error of chunked_rel below; for
-# the decays of the random cases (|dt * A| <= 2.4 per token) it is measured <= 0.4 u max|a| ~ 1e-14
-# (its worst case, all roundings aligned, is larger: chunked_rel). REL = 1e-12 is the issue's
-# figure; the worst measured over the table is ~3e-14.
-REL = 1e-12
-
-
-def chunked_rel(chunk_size, dA_cumsum):
-    """REL plus the worst-case exponent error of the chunked form, for extreme decays.
-
-    The chunked form takes 2^(a_t - a_s) as a difference of in-chunk cumsums. The cumsum's
-    rounding at step k is <= u * |a_k|, and only the t - s steps between s and t enter a_t - a_s:
-    an absolute exponent error <= chunk_size * u * max|a|, i.e. a relative error <= ln 2 *
-    chunk_size * u * max|a| of that term, hence of y relative to M. With dt * A down to -1e4,
-    max|a| reaches ~2e5 and this term dominates (the quadratic and recurrent forms have no such
-    term: their segment sums and decay products never subtract two large numbers).
-    """
-    return REL + math.log(2.0) * chunk_size * U64 * float(np.max(np.abs(dA_cumsum)))
 
 
 def make_inputs(rng, *, batch=2, seqlen=100, nheads=4, headdim=8, ngroups=1, dstate=16,
@@ -100,7 +76,7 @@ CASES = {
 }
 
 
-def worst_ratio(a, b, M, rel=REL):
+def worst_ratio(a, b, M, rel=FLOAT64_REL):
     """max |a - b| / M over the elements, after checking |a - b| <= rel * M everywhere."""
     err = np.abs(a - b)
     assert np.all(err <= rel * M), f"max |a - b| - rel * M = {np.max(err - rel * M):.3e}"
@@ -122,7 +98,7 @@ def test_three_forms_agree(seed, chunk_size, options, record_property):
     assert y_rec.shape == y_chk.shape == y_quad.shape == M.shape == args[0].shape
     assert np.all(np.isfinite(y_rec)) and np.std(y_rec) > 0
     # M bounds y, so M > 0 wherever y != 0
-    assert np.all(np.abs(y_rec) <= M * (1 + REL))
+    assert np.all(np.abs(y_rec) <= M * (1 + FLOAT64_REL))
     assert np.all((y_rec == 0) | (M > 0))
 
     x, dt, A, B, C = args
@@ -339,9 +315,9 @@ def test_extreme_decays_finite_without_warnings(dt_softplus):
             results += [y_chk, final_chk, M_chk]
             _, dA_cumsum = R.chunk_cumsum_ref(dt, A, chunk_size, kw.get("dt_bias"),
                                               kw.get("dt_softplus", False))
-            worst = worst_ratio(y_rec, y_chk, M, chunked_rel(chunk_size, dA_cumsum))
+            worst = worst_ratio(y_rec, y_chk, M, float64_chunked_rel(chunk_size, dA_cumsum))
             print(f"chunk {chunk_size}: worst |y_rec - y_chk| / M = {worst:.3e} "
-                  f"= {worst / (U64 * np.max(np.abs(dA_cumsum))):.2f} u max|dA_cumsum|")
+                  f"= {worst / (U_FP64 * np.max(np.abs(dA_cumsum))):.2f} u max|dA_cumsum|")
     for r in results:
         assert np.all(np.isfinite(r))
     worst_ratio(y_rec, y_quad, M)
