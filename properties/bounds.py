@@ -65,7 +65,6 @@ import numpy as np
 
 U_TF32 = 2.0 ** -11  # unit roundoff of a TF32 operand: 10-bit mantissa, round to nearest
 U_FP32 = 2.0 ** -24  # unit roundoff of fp32 arithmetic and accumulation
-U_BF16 = 2.0 ** -8  # unit roundoff of bfloat16 (what a precision regression would cost)
 FTZ_MIN = 2.0 ** -126  # smallest normal fp32: below it the GPU may flush to zero
 
 TF32_ROUNDINGS = {"fwd_pass_state": 2, "compute_out": 4, "forward": 4}

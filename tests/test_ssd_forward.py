@@ -1,8 +1,6 @@
 """ssd_forward against the float64 reference on the table of shapes, on both backends; array
 types, streams, non-contiguous inputs; a sequence of 2^20 tokens on the GPU."""
 
-import math
-
 import numpy as np
 import pytest
 
