@@ -16,7 +16,6 @@ against the float64 reference, element by element, within the bounds the propert
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import struct
@@ -206,7 +205,7 @@ def _cutile(row, op):
     compute_out gives y and final_states), outputs NaN-filled; a timed kernel's inputs are
     computed once, before timing, by the kernels before it.
     """
-    kernels = importlib.import_module("kernels")
+    import kernels
     from kernels.arrays import outputs_filled_with
     Q = row.chunk_size
 
