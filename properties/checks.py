@@ -167,6 +167,11 @@ def check_identical(what: str, got, expected, p: Problem):
     if got.shape != expected.shape:
         raise AssertionError(f"{what}: shapes differ, {got.shape} vs {expected.shape}\n"
                              f"  {p.describe()}")
+    for name, a in (("got", got), ("expected", expected)):
+        if a.dtype.kind == "f" and np.isnan(a).any():  # NaN-filled, never written: equal bits
+            w = tuple(int(i) for i in np.argwhere(np.isnan(a))[0])
+            raise AssertionError(f"{what}: {int(np.isnan(a).sum())} NaN elements in {name}, "
+                                 f"first at {w}\n  {p.describe()}")
     same = (got.view(np.uint32) == expected.view(np.uint32)) if got.dtype == np.float32 \
         else got == expected
     if not same.all():
