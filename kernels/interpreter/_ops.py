@@ -663,6 +663,7 @@ def mma(x, y, /, acc, *, use_fast_acc=False):
     x2, y2, _, out = _broadcast_mm_shapes(x.shape, y.shape)
     if acc.shape != out:
         raise TypeError(f"mma: acc must have shape {out}, got {acc.shape}")
+    _state.note_mma(x.dtype, y.dtype)
     # a float16 accumulator: the sum in float32, rounded to float16 once
     work = np.float32 if acc.dtype == ct.float16 else STORAGE[acc.dtype]
     with np.errstate(all="ignore"):
@@ -679,6 +680,7 @@ def matmul(x, y, /):
     except TileError as e:
         raise _ct_error(e, "matmul") from None
     x2, y2, acc_shape, out = _broadcast_mm_shapes(x.shape, y.shape)
+    _state.note_mma(dtype, dtype)
     xa = convert(x._a, x.dtype, dtype).reshape(x2)
     ya = convert(y._a, y.dtype, dtype).reshape(y2)
     with np.errstate(all="ignore"):

@@ -1,4 +1,7 @@
-"""The program being interpreted: its block id and the grid (what ct.bid / ct.num_blocks read)."""
+"""The program being interpreted: its block id and the grid (what ct.bid / ct.num_blocks read),
+and the optional record of matrix-product operand dtypes."""
+
+import contextlib
 
 _grid = (1, 1, 1)
 _bid = None
@@ -36,3 +39,27 @@ def enter(grid, bid):
 def leave():
     global _bid
     _bid = None
+
+
+# A list while record_mma_operands() is active: the (x, y) operand dtypes of every ct.mma/matmul.
+_mma_operands = None
+
+
+@contextlib.contextmanager
+def record_mma_operands():
+    """Collect the operand dtypes of every ct.mma and ct.matmul run inside the block.
+
+    What the CPU cannot time, it can still see: an fp32 product whose operands were not cast to
+    tfloat32 is right to the last bit but runs in true fp32 on the GPU, 28x slower (spec).
+    """
+    global _mma_operands
+    outer, _mma_operands = _mma_operands, []
+    try:
+        yield _mma_operands
+    finally:
+        _mma_operands = outer
+
+
+def note_mma(x_dtype, y_dtype):
+    if _mma_operands is not None:
+        _mma_operands.append((x_dtype, y_dtype))
