@@ -5,6 +5,8 @@ there (ms; fp32, bf16) and issue 6's fp32 targets for ssd_forward (ms).
 SWEEP: the seqlen sweep behind the picture (Mamba-2 2.7B heads, batch 1).
 """
 
+import math
+
 from contract import Dims
 
 ANCHORS = {
@@ -39,6 +41,26 @@ def sweep_config(seqlen: int) -> tuple[int, ...]:
 SWEEP_TEXT = ", ".join(f"{k} {v}" for k, v in zip(
     ("batch", "nheads", "headdim", "dstate", "ngroups", "chunk_size"),
     sweep_config(0)[:1] + sweep_config(0)[2:]))
+
+
+def row_inputs(config) -> dict:
+    """The inputs of a benchmarked row, float32 CuPy arrays on the current device, drawn from a
+    seed of the row (the timed benchmarks and the sweep time the same arrays): x, dt, A, B, C, D."""
+    import cupy
+    batch, seqlen, nheads, headdim, dstate, ngroups, chunk_size = config
+    rng = cupy.random.default_rng(sum(config))
+    f32 = cupy.float32
+    return {
+        "x": rng.standard_normal((batch, seqlen, nheads, headdim), dtype=f32),
+        # processed step sizes, log-uniform in [1e-3, 1e-1] (Mamba-2's dt initialisation range)
+        "dt": cupy.exp(rng.uniform(math.log(1e-3), math.log(1e-1),
+                                   (batch, seqlen, nheads))).astype(f32),
+        # decay rates in -[1, 16] (Mamba-2's A initialisation range)
+        "A": -rng.uniform(1.0, 16.0, nheads).astype(f32),
+        "B": rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
+        "C": rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
+        "D": rng.standard_normal(nheads, dtype=f32),
+    }
 
 
 def dims_of(config) -> Dims:

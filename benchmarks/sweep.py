@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.configs import ANCHORS
+from benchmarks.configs import ANCHORS, row_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,28 +96,12 @@ def gpu_time(launch, reps: int, flush) -> float:
     return times[len(times) // 2]
 
 
-def make_inputs(config):
-    import cupy
-    batch, seqlen, nheads, headdim, dstate, ngroups, chunk_size = config
-    rng = cupy.random.default_rng(sum(config))
-    f32 = cupy.float32
-    return dict(
-        x=rng.standard_normal((batch, seqlen, nheads, headdim), dtype=f32),
-        dt=cupy.exp(rng.uniform(math.log(1e-3), math.log(1e-1),
-                                (batch, seqlen, nheads))).astype(f32),
-        A=-rng.uniform(1.0, 16.0, nheads).astype(f32),
-        B=rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
-        C=rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
-        D=rng.standard_normal(nheads, dtype=f32),
-    )
-
-
 def sweep_row(name, reps, flush, tmpdir, results, only=None):
     import cupy
     import cuda.tile as ct
     import kernels
     config = ANCHORS[name]
-    inp = make_inputs(config)
+    inp = row_inputs(config)
     Q = config[-1]
     stream = cupy.cuda.get_current_stream()
     dt_out, dA_cumsum = kernels.chunk_cumsum(inp["dt"], inp["A"], Q)
@@ -179,7 +163,7 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None):
 def time_forward(name, reps, flush, results):
     import kernels
     config = ANCHORS[name]
-    inp = make_inputs(config)
+    inp = row_inputs(config)
     for check in (True, False):
         def call():
             return kernels.ssd_forward(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],

@@ -30,7 +30,7 @@ import pytest
 import reference as R
 from benchmarks import compare, perf_model, plot, report
 from benchmarks.configs import (ANCHORS, SPEC_MAMBA_MS, SWEEP_SEQLENS, TARGET_FP32_MS, dims_of,
-                                sweep_config)
+                                row_inputs, sweep_config)
 from benchmarks.timing import GpuClock, cupy_flush, measure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,28 +105,15 @@ class Row:
     the reduced problem each implementation is checked on, and its reference and bounds."""
 
     def __init__(self, config, dtype):
-        import cupy
         from properties.checks import forward_bounds
         from properties.strategies import Problem
         _require_bound(dtype)
         torch = _torch()
         if dtype != "float32" and torch is None:
             pytest.skip(f"{dtype} inputs need torch (cupy has no bfloat16)")
-        batch, seqlen, nheads, headdim, dstate, ngroups, chunk_size = config
+        _, _, nheads, _, _, ngroups, chunk_size = config
         self.config, self.dtype, self.chunk_size = config, dtype, chunk_size
-        rng = cupy.random.default_rng(sum(config))
-        f32 = cupy.float32
-        arrays = {
-            "x": rng.standard_normal((batch, seqlen, nheads, headdim), dtype=f32),
-            # processed step sizes, log-uniform in [1e-3, 1e-1] (Mamba-2's dt initialisation range)
-            "dt": cupy.exp(rng.uniform(math.log(1e-3), math.log(1e-1),
-                                       (batch, seqlen, nheads))).astype(f32),
-            # decay rates in -[1, 16] (Mamba-2's A initialisation range)
-            "A": -rng.uniform(1.0, 16.0, nheads).astype(f32),
-            "B": rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
-            "C": rng.standard_normal((batch, seqlen, ngroups, dstate), dtype=f32),
-            "D": rng.standard_normal(nheads, dtype=f32),
-        }
+        arrays = row_inputs(config)
         if torch is not None:
             arrays = {k: torch.from_dlpack(v) for k, v in arrays.items()}
             for k in ("x", "B", "C"):
