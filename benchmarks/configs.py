@@ -3,6 +3,7 @@
 ANCHORS: the spec's five rows ("Anchors measured on the H200"), with mamba_ssm's medians measured
 there (ms; fp32, bf16) and issue 6's fp32 targets for ssd_forward (ms).
 SWEEP: the seqlen sweep behind the picture (Mamba-2 2.7B heads, batch 1).
+row_inputs: a row's input arrays on the GPU.
 """
 
 import math
