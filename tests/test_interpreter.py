@@ -9,7 +9,6 @@ exp2) the bound is stated next to the comparison.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import math
 
@@ -20,6 +19,7 @@ import cuda.tile as ct
 from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
                                    ScalarConstraint, export_kernel)
 
+from kernels import ssd_forward
 from kernels.interpreter import NAMESPACE as cti
 from kernels.interpreter import Tile, launch
 
@@ -880,10 +880,6 @@ SPEED_TARGET_S = 1.0
 
 
 def test_ssd_forward_interpreter_speed(benchmark):
-    if importlib.util.find_spec("kernels.ssd_forward") is None:
-        pytest.skip("kernels/ssd_forward.py does not exist yet")
-    from kernels.ssd_forward import ssd_forward
-
     d = SPEED_DIMS
     rng = np.random.default_rng(9)
     x = rng.standard_normal((d["batch"], d["seqlen"], d["nheads"], d["headdim"])).astype(np.float32)
