@@ -44,6 +44,10 @@ CHUNK_SIZES = (16, 32, 64, 128, 256)
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
+# The dtypes the kernels read the activations x, B, C, z in (the four of one call alike); every
+# other float input is float32, and so are the states.
+ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -94,6 +98,17 @@ def _float(name, a, allowed):
     dt = dtype_name(a)
     if dt not in allowed:
         raise TypeError(f"{name} must have a floating dtype in {allowed}, got {dt}")
+
+
+def _activation(name, a, x, float_dtypes, activation_dtypes):
+    """x, B, C or z: with `activation_dtypes` (the kernels' checks), a dtype among them and x's;
+    without (the references), any of `float_dtypes`."""
+    if activation_dtypes is None:
+        _float(name, a, float_dtypes)
+        return
+    _float(name, a, activation_dtypes)
+    if dtype_name(a) != dtype_name(x):
+        raise TypeError(f"{name} must have x's dtype ({dtype_name(x)}), got {dtype_name(a)}")
 
 
 def _host_vectors(*arrays) -> list[np.ndarray]:
@@ -147,7 +162,7 @@ def check_seq_idx(seq_idx, batch: int, seqlen: int):
         raise TypeError(f"seq_idx must be int32 (or int64), got {dtype_name(seq_idx)}")
 
 
-def _check_D_z(D, z, dims: Dims, float_dtypes):
+def _check_D_z(D, z, dims: Dims, float_dtypes, x=None, activation_dtypes=None):
     if D is not None:
         if getattr(D, "ndim", None) == 1:
             _expect("D", D, (dims.nheads,), ("nheads",))
@@ -156,21 +171,24 @@ def _check_D_z(D, z, dims: Dims, float_dtypes):
         _float("D", D, float_dtypes)
     if z is not None:
         _expect("z", z, dims.shape("z"))
-        _float("z", z, float_dtypes)
+        _activation("z", z, x, float_dtypes, activation_dtypes)
 
 
 def check_forward_args(x, dt, A, B, C, chunk_size=None, *, D=None, z=None, dt_bias=None,
                        initial_states=None, seq_idx=None, dt_limit=(0.0, math.inf),
-                       float_dtypes=FLOAT_DTYPES, check_values=True) -> Dims:
+                       float_dtypes=FLOAT_DTYPES, activation_dtypes=None,
+                       check_values=True) -> Dims:
     """Validate the arguments of the whole forward; return its dimensions.
 
     `chunk_size=None` means the caller has no chunks (the recurrent and quadratic forms).
+    `activation_dtypes`: the dtypes x, B, C, z may have, all four x's (default: each any of
+    `float_dtypes`, the references' rule).
     `check_values=False` leaves out check_vector_values (the only check that reads values).
     """
     batch, seqlen, nheads, headdim = _shape("x", x, 4)
     if min(batch, seqlen, nheads, headdim) < 1:
         raise ValueError(f"x must have no empty dimension, got shape {tuple(x.shape)}")
-    _float("x", x, float_dtypes)
+    _activation("x", x, x, float_dtypes, activation_dtypes)
     _expect("dt", dt, (batch, seqlen, nheads))
     _float("dt", dt, float_dtypes)
     _shape("B", B, 4)
@@ -182,13 +200,13 @@ def check_forward_args(x, dt, A, B, C, chunk_size=None, *, D=None, z=None, dt_bi
         raise ValueError(f"B must have no empty dimension, got shape {tuple(B.shape)}")
     if nheads % ngroups != 0:
         raise ValueError(f"nheads ({nheads}) must be divisible by ngroups ({ngroups}, from B)")
-    _float("B", B, float_dtypes)
+    _activation("B", B, x, float_dtypes, activation_dtypes)
     dims = Dims(batch, seqlen, nheads, headdim, ngroups, dstate,
                 None if chunk_size is None else check_chunk_size(chunk_size))
     _expect("C", C, dims.shape("C"))
-    _float("C", C, float_dtypes)
+    _activation("C", C, x, float_dtypes, activation_dtypes)
     _expect("A", A, (nheads,))
-    _check_D_z(D, z, dims, float_dtypes)
+    _check_D_z(D, z, dims, float_dtypes, x, activation_dtypes)
     if dt_bias is not None:
         _expect("dt_bias", dt_bias, (nheads,))
         _float("dt_bias", dt_bias, float_dtypes)
@@ -222,9 +240,9 @@ def check_chunk_cumsum_args(dt, A, chunk_size, *, dt_bias=None, dt_limit=(0.0, m
     return batch, seqlen, nheads, chunk_size
 
 
-def _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes) -> Dims:
+def _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes, activation_dtypes) -> Dims:
     batch, seqlen, nheads, headdim = _shape("x", x, 4)
-    _float("x", x, float_dtypes)
+    _activation("x", x, x, float_dtypes, activation_dtypes)
     _shape("B", B, 4)
     ngroups, dstate = int(B.shape[2]), int(B.shape[3])
     if tuple(int(s) for s in B.shape[:2]) != (batch, seqlen):
@@ -232,7 +250,7 @@ def _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes) -> Dims:
                          f"got {tuple(B.shape)}")
     if ngroups < 1 or nheads % ngroups != 0:
         raise ValueError(f"nheads ({nheads}) must be divisible by ngroups ({ngroups}, from B)")
-    _float("B", B, float_dtypes)
+    _activation("B", B, x, float_dtypes, activation_dtypes)
     _shape("dt_out", dt_out, 4)
     chunk_size = check_chunk_size(int(dt_out.shape[3]))
     dims = Dims(batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
@@ -244,8 +262,8 @@ def _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes) -> Dims:
 
 
 def check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, *, initial_states=None, seq_idx=None,
-                              float_dtypes=FLOAT_DTYPES) -> Dims:
-    dims = _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes)
+                              float_dtypes=FLOAT_DTYPES, activation_dtypes=None) -> Dims:
+    dims = _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes, activation_dtypes)
     if initial_states is not None:
         _expect("initial_states", initial_states, dims.shape("initial_states"))
         _float("initial_states", initial_states, float_dtypes)
@@ -255,13 +273,14 @@ def check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, *, initial_states=None, s
 
 
 def check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, *, D=None, z=None,
-                           seq_idx=None, float_dtypes=FLOAT_DTYPES, check_values=True) -> Dims:
-    dims = _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes)
+                           seq_idx=None, float_dtypes=FLOAT_DTYPES, activation_dtypes=None,
+                           check_values=True) -> Dims:
+    dims = _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes, activation_dtypes)
     _expect("C", C, dims.shape("C"))
-    _float("C", C, float_dtypes)
+    _activation("C", C, x, float_dtypes, activation_dtypes)
     _expect("chunk_states", chunk_states, dims.shape("chunk_states"))
     _float("chunk_states", chunk_states, float_dtypes)
-    _check_D_z(D, z, dims, float_dtypes)
+    _check_D_z(D, z, dims, float_dtypes, x, activation_dtypes)
     if seq_idx is not None:
         check_seq_idx(seq_idx, dims.batch, dims.seqlen)
     if check_values and D is not None:

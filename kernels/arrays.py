@@ -78,12 +78,21 @@ class Backend:
             return a.to(dtype=self.xp.float32).contiguous()
         return self.xp.ascontiguousarray(a, dtype=self.xp.float32)
 
-    def empty(self, shape: tuple[int, ...]):
-        """A new float32 output array (filled with the test fill value, if one is set)."""
+    def contiguous(self, a):
+        """`a` as a C-contiguous array of the same kind and dtype (no copy when it already is):
+        the activations (x, B, C, z), which the kernels read in their own dtype."""
         if self.kind == "torch":
-            out = self.xp.empty(shape, dtype=self.xp.float32, device=f"cuda:{self.device}")
+            return a.contiguous()
+        return self.xp.ascontiguousarray(a)
+
+    def empty(self, shape: tuple[int, ...], like=None):
+        """A new output array, float32 or of `like`'s dtype (filled with the test fill value, if
+        one is set)."""
+        dtype = self.xp.float32 if like is None else like.dtype
+        if self.kind == "torch":
+            out = self.xp.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
         else:
-            out = self.xp.empty(shape, dtype=self.xp.float32)
+            out = self.xp.empty(shape, dtype=dtype)
         if _OUTPUT_FILL is not None:
             out[...] = _OUTPUT_FILL
         return out

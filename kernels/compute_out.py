@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import cuda.tile as ct
 
-from contract import check_compute_out_args
+from contract import ACTIVATION_DTYPES, check_compute_out_args
 from kernels.arrays import MMA_MIN, backend_of, check_grid, pow2_tile
 from kernels.chunk_cumsum import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
@@ -45,7 +45,10 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     g = h // (x.shape[2] // B.shape[2])  # the group head h reads
 
     a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)), (BLOCK_T, 1))
-    Ct = ct.load(C, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE), padding_mode=ct.PaddingMode.ZERO)
+    # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32 at
+    # once (exact), so the arithmetic below is the same for every input dtype
+    Ct = ct.load(C, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
+                 padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
     Ct = ct.reshape(Ct, (BLOCK_T, DSTATE)).astype(ct.tfloat32)
 
     # carried-state term: 2^(a_t) * C_t . S_c^T
@@ -67,7 +70,7 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     for j in range(i + 1):
         sb = c * T_PER_CHUNK + j
         Bs = ct.load(B, (b, sb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
-                     padding_mode=ct.PaddingMode.ZERO)
+                     padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
         # [DSTATE, BLOCK_T]
         Bs = ct.transpose(ct.reshape(Bs, (BLOCK_T, DSTATE))).astype(ct.tfloat32)
         cb = ct.mma(Ct, Bs, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [t, s]
@@ -82,13 +85,13 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         # formed above the diagonal and no inf * 0 can appear
         L = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [BLOCK_T, BLOCK_T]
         xs = ct.load(x, (b, sb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
-                     padding_mode=ct.PaddingMode.ZERO)
+                     padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
         xs = ct.reshape(xs, (BLOCK_T, BLOCK_P)).astype(ct.tfloat32)
         acc = ct.mma((cb * L * dt_s).astype(ct.tfloat32), xs, acc)
 
     if HAS_D:
         xt = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
-                     padding_mode=ct.PaddingMode.ZERO)
+                     padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
         if D_PER_HEADDIM:
             d = ct.load(D, (h, pb), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
         else:
@@ -97,13 +100,14 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         acc = acc + d * ct.reshape(xt, (BLOCK_T, BLOCK_P))
     if HAS_Z:
         zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
-                     padding_mode=ct.PaddingMode.ZERO)
+                     padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
         zt = ct.reshape(zt, (BLOCK_T, BLOCK_P))
         # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is inf
         # and the gate is -0, its limit
         acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
-    # rows past seqlen and columns past headdim are masked by the store
-    ct.store(y, (b, tb, h, pb), ct.reshape(acc, (1, BLOCK_T, 1, BLOCK_P)))
+    # rows past seqlen and columns past headdim are masked by the store; y has x's dtype (one
+    # rounding of the float32 result for narrow inputs)
+    ct.store(y, (b, tb, h, pb), ct.reshape(acc, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
 
 
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
@@ -128,20 +132,22 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
 
 def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_idx=None, *,
                 check_values=True):
-    """y, (batch, seqlen, nheads, headdim) float32 of the caller's array type: carried-state
-    term + (C B^T o L)(dt x) + D x, then the z gate. `check_values=False`: as in ssd_forward."""
+    """y, (batch, seqlen, nheads, headdim) in x's dtype, of the caller's array type:
+    carried-state term + (C B^T o L)(dt x) + D x, then the z gate. x, B, C, z: float32, bfloat16
+    or float16, all alike; the rest float32. `check_values=False`: as in ssd_forward."""
     backend = backend_of(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum,
                          chunk_states=chunk_states, D=D, z=z, seq_idx=seq_idx)
     dims = check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, D=D, z=z,
                                   seq_idx=seq_idx, float_dtypes=("float32",),
-                                  check_values=check_values)
+                                  activation_dtypes=ACTIVATION_DTYPES, check_values=check_values)
     check_grid(dims.batch, dims.nheads)
-    x, B, C, dt_out, dA_cumsum, chunk_states = (
-        backend.contiguous_float32(a) for a in (x, B, C, dt_out, dA_cumsum, chunk_states))
+    x, B, C = (backend.contiguous(a) for a in (x, B, C))
+    dt_out, dA_cumsum, chunk_states = (
+        backend.contiguous_float32(a) for a in (dt_out, dA_cumsum, chunk_states))
     D = None if D is None else backend.contiguous_float32(D)
-    z = None if z is None else backend.contiguous_float32(z)
+    z = None if z is None else backend.contiguous(z)
     seg = None if seq_idx is None else backend.segment_ids(seq_idx)
-    y = backend.empty(dims.shape("y"))
+    y = backend.empty(dims.shape("y"), like=x)
     grid, args = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y)
     backend.launch(grid, _compute_out_kernel, args)
     return y

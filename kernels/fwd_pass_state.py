@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import cuda.tile as ct
 
-from contract import check_fwd_pass_state_args
+from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args
 from kernels.arrays import MMA_MIN, backend_of, check_grid, pow2_tile
 
 # Tile sizes (launcher-chosen constants, so performance work can tune them here):
@@ -62,11 +62,12 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
         k_blocks = ct.minimum(K_PER_CHUNK, ct.cdiv(seqlen - c * CHUNK, BLOCK_K))
         for k in range(k_blocks):
             tb = c * K_PER_CHUNK + k
+            # x and B may be bfloat16 or float16 arrays: widened to float32 at once (exact)
             xk = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_K, 1, BLOCK_P),
-                         padding_mode=ct.PaddingMode.ZERO)
+                         padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
             xk = ct.reshape(xk, (BLOCK_K, BLOCK_P))
             Bk = ct.load(B, (b, tb, g, nb), shape=(1, BLOCK_K, 1, BLOCK_N),
-                         padding_mode=ct.PaddingMode.ZERO)
+                         padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
             Bk = ct.reshape(Bk, (BLOCK_K, BLOCK_N))
             ak = ct.load(dA_cumsum, (b, h, c, k), shape=(1, 1, 1, BLOCK_K))
             ak = ct.reshape(ak, (BLOCK_K, 1))
@@ -104,13 +105,15 @@ def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_st
 def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None):
     """(chunk_states, final_states), float32, of the caller's array type: the state entering
     every chunk, (batch, nchunks, nheads, headdim, dstate), and the state after the last token,
-    (batch, nheads, headdim, dstate)."""
+    (batch, nheads, headdim, dstate). x and B: float32, bfloat16 or float16, alike."""
     backend = backend_of(x=x, B=B, dt_out=dt_out, dA_cumsum=dA_cumsum,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, initial_states=initial_states,
-                                     seq_idx=seq_idx, float_dtypes=("float32",))
+                                     seq_idx=seq_idx, float_dtypes=("float32",),
+                                     activation_dtypes=ACTIVATION_DTYPES)
     check_grid(dims.batch, dims.nheads)
-    x, B, dt_out, dA_cumsum = (backend.contiguous_float32(a) for a in (x, B, dt_out, dA_cumsum))
+    x, B = backend.contiguous(x), backend.contiguous(B)
+    dt_out, dA_cumsum = backend.contiguous_float32(dt_out), backend.contiguous_float32(dA_cumsum)
     if initial_states is not None:
         initial_states = backend.contiguous_float32(initial_states)
     seg = None if seq_idx is None else backend.segment_ids(seq_idx)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from contract import check_dt_limit, check_forward_args
+from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args
 from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import _chunk_cumsum_kernel, chunk_cumsum_launch
 from kernels.compute_out import _compute_out_kernel, compute_out_launch
@@ -16,8 +16,10 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
                 seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
                 return_final_states=False, *, check_values=True):
     """y (batch, seqlen, nheads, headdim), or (y, final_states) with return_final_states;
-    float32 arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the
-    GPU, on the current stream).
+    arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the GPU, on the
+    current stream). x, B, C, z: float32, bfloat16 or float16, all four alike (read in that
+    dtype, computed in float32); y has x's dtype; every other input is taken as float32, and
+    final_states is float32.
 
     Every argument is checked before the first launch; then the three kernels run in order
     (forward_launches). Checking the values of A, D and dt_bias (A < 0, all finite) copies them
@@ -29,19 +31,21 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                               initial_states=initial_states, seq_idx=seq_idx, dt_limit=dt_limit,
-                              float_dtypes=("float32",), check_values=check_values)
+                              float_dtypes=("float32",), activation_dtypes=ACTIVATION_DTYPES,
+                              check_values=check_values)
     dt_limit = check_dt_limit(dt_limit)
     check_grid(dims.batch, dims.nheads)
-    x, dt, A, B, C, D, z, dt_bias, initial_states = (
+    x, B, C, z = (None if a is None else backend.contiguous(a) for a in (x, B, C, z))
+    dt, A, D, dt_bias, initial_states = (
         None if a is None else backend.contiguous_float32(a)
-        for a in (x, dt, A, B, C, D, z, dt_bias, initial_states))
+        for a in (dt, A, D, dt_bias, initial_states))
     seg = None if seq_idx is None else backend.segment_ids(seq_idx)
 
     dt_out = backend.empty(dims.shape("dt_out"))
     dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
     chunk_states = backend.empty(dims.shape("chunk_states"))
     final_states = backend.empty(dims.shape("final_states"))
-    y = backend.empty(dims.shape("y"))
+    y = backend.empty(dims.shape("y"), like=x)
     for kernel, grid, args in forward_launches(
             x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
             dt_out, dA_cumsum, chunk_states, final_states, y):

@@ -161,6 +161,33 @@ def float64_chunked_rel(chunk_size: int, dA_cumsum) -> float:
     return FLOAT64_REL + math.log(2.0) * chunk_size * U_FP64 * float(np.max(np.abs(dA_cumsum)))
 
 
+# Narrow inputs (x, B, C, z in bfloat16 or float16; dt, A, D, dt_bias, initial_states float32;
+# y in the inputs' dtype): the derivation
+# ------------------------------------------------------------------------------------------
+# The kernels widen every narrow load to float32 at once, exactly (bfloat16 and float16 values
+# are float32 values), and then compute exactly as for float32 inputs. So with y_ref the float64
+# forward of the narrow inputs' own values (upcast, not the float32 data they were rounded
+# from), the float32 result y32 the kernel holds before its store satisfies the float32 bound b
+# above: |y32 - y_ref| <= b. The store rounds y32 to the narrow format, to nearest:
+#     |y - y32| <= u_narrow * |y32| <= u_narrow * (|y_ref| + b)
+# (u_bf16 = 2^-8: 7 explicit mantissa bits; u_fp16 = 2^-11: 10 bits), plus, below the normal
+# range, half the subnormal spacing in absolute terms (float16 below 2^-14: 2^-25; bfloat16 has
+# float32's range, where a flush to zero loses < 2^-126). Hence, per element,
+#     |y - y_ref| <= b + u_narrow * (|y_ref| + b) + floor_narrow
+# while |y| stays below the format's largest finite number (float16: 65504; beyond it y is
+# inf, which fails every check). final_states stays float32: its bound is unchanged.
+U_NARROW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+NARROW_FLOOR = {"bfloat16": FTZ_MIN, "float16": 2.0 ** -25}
+
+
+def narrow_output_bound(y_ref, fp32_bound, dtype: str):
+    """Per-element bound on |y - y_ref| for y stored in `dtype` ('float32', 'bfloat16',
+    'float16'), given the float32 bound `fp32_bound` of the same inputs (see the derivation)."""
+    if dtype == "float32":
+        return fp32_bound
+    return fp32_bound + U_NARROW[dtype] * (np.abs(y_ref) + fp32_bound) + NARROW_FLOOR[dtype]
+
+
 def ftz_floor(seqlen: int, dstate: int, *factor_maxima: float) -> float:
     """Absolute allowance for intermediates flushed to zero (see the derivation)."""
     growth = math.prod(1.0 + float(f) for f in factor_maxima)

@@ -19,7 +19,7 @@ import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from kernels.arrays import outputs_filled_with
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
-                               decay_term, ftz_floor, kappa, tf32_bound)
+                               decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
 from properties.profiles import caps
 from properties.strategies import Problem, problems
 
@@ -203,6 +203,50 @@ def forward_tf32_bound(p: Problem, backend: str) -> dict:
     b = forward_bounds(p)
     return _merge(check_close("forward y", y, y_ref, b.y, b.M, p, floor=b.floor),
                   check_close("forward final_states", final, final_ref, b.final, b.final_M, p,
+                              floor=b.floor))
+
+
+# y's largest magnitude in the float16 property: below float16's largest finite, 65504, with
+# room for the kernel's own error
+FP16_Y_MAX = 2.0 ** 14
+
+
+def _pow2_scale(m: float, top: float) -> float:
+    """The power of two (<= 1) that brings a largest magnitude m down to <= top."""
+    return 1.0 if m <= top else 2.0 ** -math.ceil(math.log2(m / top))
+
+
+def _as_float16(p: Problem) -> Problem:
+    """p with x, B, C, z in float16, inside float16's range: x, B, C first scaled by powers of
+    two (exact) to magnitudes <= 2^10, then x and initial_states together (y is linear in them
+    jointly) until the float64 y of the float16 values is <= FP16_Y_MAX. What rounds to a
+    float16 subnormal or to zero is part of the problem: the reference reads the same values."""
+    f16 = lambda a, scale=1.0: None if a is None else (np.asarray(a, np.float64) * scale).astype(
+        np.float16)
+    x, B, C = (f16(a, _pow2_scale(_max_abs(a)[0], 2.0 ** 10)) for a in (p.x, p.B, p.C))
+    q = p.replace(x=x, B=B, C=C, z=f16(p.z))
+    y_ref, _ = R.ssd_recurrent(q.x, q.dt, q.A, q.B, q.C, **q.options())
+    scale = _pow2_scale(_max_abs(y_ref)[0], FP16_Y_MAX)
+    if scale == 1.0:
+        return q
+    return q.replace(x=f16(q.x, scale), initial_states=None if q.initial_states is None else
+                     _f32(np.asarray(q.initial_states, np.float64) * scale))
+
+
+def forward_fp16_bound(p: Problem, backend: str) -> dict:
+    """ssd_forward with x, B, C, z in float16 (dt, A, D, dt_bias, initial_states float32): y in
+    float16 within narrow_output_bound of the float64 forward of the float16 values,
+    final_states (float32) within its float32 bound."""
+    q = _as_float16(p)
+    y, final = forward(q, backend)
+    if y.dtype != np.float16 or final.dtype != np.float32:
+        raise AssertionError(f"float16 inputs gave y {y.dtype}, final_states {final.dtype} "
+                             f"(want float16, float32)\n  {q.describe()}")
+    y_ref, final_ref = R.ssd_recurrent(q.x, q.dt, q.A, q.B, q.C, **q.options())
+    b = forward_bounds(q)
+    return _merge(check_close("fp16 y", y, y_ref, narrow_output_bound(y_ref, b.y, "float16"),
+                              b.M, q, floor=b.floor),
+                  check_close("fp16 final_states", final, final_ref, b.final, b.final_M, q,
                               floor=b.floor))
 
 
@@ -473,6 +517,7 @@ PROPERTIES = {prop.name: prop for prop in [
     Property("forward_tf32_bound", forward_tf32_bound, lambda: problems()),
     Property("extreme_decays_finite_and_bounded", forward_tf32_bound,
              lambda: problems(extreme=True)),
+    Property("forward_fp16_bound", forward_fp16_bound, lambda: problems()),
     Property("chunk_cumsum_alone", chunk_cumsum_alone, lambda: problems()),
     Property("fwd_pass_state_alone", fwd_pass_state_alone, lambda: problems()),
     Property("compute_out_alone", compute_out_alone, lambda: problems()),

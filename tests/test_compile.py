@@ -33,7 +33,9 @@ class ArraySpec:
 
 
 # (id, dims, options): the Mamba-2 2.7B layout at chunk 256 and 64, every option at chunk 128 with
-# groups, odd headdim / dstate at chunk 16, the largest headdim / dstate at chunk 32.
+# groups, odd headdim / dstate at chunk 16, the largest headdim / dstate at chunk 32; narrow
+# inputs (x, B, C, z and y in bfloat16 or float16): the 2.7B layout in bfloat16, every option in
+# float16.
 CONFIGS = [
     ("mamba2_2p7b_chunk256", Dims(4, 4096, 80, 64, 1, 128, 256), dict(D="head")),
     ("mamba2_2p7b_chunk64", Dims(4, 4096, 80, 64, 1, 128, 64), dict(D="head")),
@@ -42,12 +44,21 @@ CONFIGS = [
           dt_limit=(0.001, 0.1))),
     ("odd_dims_chunk16", Dims(1, 100, 4, 3, 1, 5, 16), dict()),
     ("dims_256_chunk32", Dims(1, 1000, 2, 256, 1, 256, 32), dict(initial_states=True)),
+    ("mamba2_2p7b_chunk256_bf16", Dims(4, 4096, 80, 64, 1, 128, 256),
+     dict(D="head", dtype="bfloat16")),
+    ("all_options_chunk128_fp16", Dims(4, 4096, 64, 64, 8, 64, 128),
+     dict(D="channel", z=True, dt_bias=True, dt_softplus=True, initial_states=True, seq_idx=True,
+          dt_limit=(0.001, 0.1), dtype="float16")),
 ]
+
+# the arrays in the inputs' dtype (options' "dtype", default float32); every other one is float32
+NARROW = ("x", "B", "C", "z", "y")
 
 
 def config_launches(dims: Dims, opts: dict):
     """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins."""
-    a = lambda name: ArraySpec(dims.shape(name))
+    a = lambda name: ArraySpec(dims.shape(name),
+                               opts.get("dtype", "float32") if name in NARROW else "float32")
     return forward_launches(
         a("x"), a("dt"), a("A"), a("B"), a("C"),
         {"head": ArraySpec((dims.nheads,)), "channel": a("D")}.get(opts.get("D")),

@@ -35,6 +35,11 @@ def test_extreme_decays_finite_and_bounded(problem, backend):
     check("extreme_decays_finite_and_bounded", problem, backend)
 
 
+@given(problem=PROPERTIES["forward_fp16_bound"].strategy())
+def test_forward_float16_inputs_within_narrow_bound(problem, backend):
+    check("forward_fp16_bound", problem, backend)
+
+
 @given(problem=PROPERTIES["chunk_cumsum_alone"].strategy())
 def test_chunk_cumsum_alone_within_bound(problem, backend):
     check("chunk_cumsum_alone", problem, backend)

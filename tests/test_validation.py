@@ -73,9 +73,10 @@ BAD_FORWARD = [
     ("D_nan", "D", lambda kw: np.full(4, np.nan, np.float32), ValueError, "D must be finite"),
     ("dt_limit_inverted", "dt_limit", lambda kw: (0.5, 0.1), ValueError, "dt_limit"),
     ("dt_limit_not_a_pair", "dt_limit", lambda kw: 0.5, TypeError, "dt_limit"),
-    # dtypes (fp32 activations now; bf16 comes with the performance work)
+    # dtypes (activations float32, bfloat16 or float16, all alike; the rest float32)
     ("x_float64", "x", lambda kw: kw["x"].astype(np.float64), TypeError, "x must have"),
-    ("B_float16", "B", lambda kw: kw["B"].astype(np.float16), TypeError, "B must have"),
+    ("B_float16_x_float32", "B", lambda kw: kw["B"].astype(np.float16), TypeError,
+     "B must have x.s dtype"),
     ("C_int", "C", lambda kw: kw["C"].astype(np.int32), TypeError, "C must have"),
     ("dt_float64", "dt", lambda kw: kw["dt"].astype(np.float64), TypeError, "dt must have"),
     ("z_float64", "z", lambda kw: kw["x"].astype(np.float64), TypeError, "z must have"),

@@ -1,0 +1,100 @@
+"""Narrow inputs: x, B, C, z in float16 (CPU interpreter) or bfloat16 (GPU, torch tensors; NumPy
+has no bfloat16), everything else float32; y in the inputs' dtype, final_states float32.
+
+The reference is the float64 forward of the narrow values themselves (upcast), and the bound
+is properties/bounds.py's narrow_output_bound: the float32 bound, plus the one rounding of y to
+the narrow format. The stage tests' table runs in float32; here a few of its cases run narrow.
+"""
+
+import numpy as np
+import pytest
+
+import reference as R
+from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
+from properties.bounds import narrow_output_bound
+from properties.checks import check_close, forward_bounds
+from properties.strategies import Problem
+from shapes import CASES, make_inputs, step_options
+
+pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
+
+ACTIVATIONS = ("x", "B", "C", "z")
+BY_ID = {c.id: c for c in CASES}
+# the table's cases that the default run runs (the interpreter takes them in seconds)
+NARROW_CASES = [c.id for c in CASES if not c.marks]
+
+
+def narrow(kw: dict, cast) -> dict:
+    """`kw` with the activations passed through `cast` (the others unchanged)."""
+    return {k: cast(v) if k in ACTIVATIONS else v for k, v in kw.items()}
+
+
+def expected(kw: dict, dtype: str):
+    """(y_ref, final_ref, y bound, final bound, the problem) for NumPy inputs `kw` whose
+    activations hold the narrow values (any float dtype): the float64 forward of those values."""
+    up = {k: np.asarray(v, np.float64) if isinstance(v, np.ndarray) and v.dtype.kind == "f"
+          else v for k, v in kw.items()}
+    p = Problem(**up)
+    y_ref, final_ref = R.ssd_chunked(p.x, p.dt, p.A, p.B, p.C, p.chunk_size, **p.options())
+    b = forward_bounds(p)
+    return y_ref, final_ref, narrow_output_bound(y_ref, b.y, dtype), b.final, b, p
+
+
+@pytest.mark.parametrize("case_id", NARROW_CASES)
+def test_float16_inputs_within_narrow_bound(case_id):
+    kw = narrow(make_inputs(BY_ID[case_id]), lambda a: a.astype(np.float16))
+    y, final = ssd_forward(**kw, return_final_states=True)
+    assert y.dtype == np.float16 and final.dtype == np.float32
+    y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "float16")
+    check_close("y", y, y_ref, y_bound, b.M, p)
+    check_close("final_states", final, final_ref, final_bound, b.final_M, p)
+
+
+def test_float16_stages_compose_to_ssd_forward():
+    """The three launchers take float16 activations too, and compose to ssd_forward's bits."""
+    kw = narrow(make_inputs(BY_ID["all_options_chunk16"]), lambda a: a.astype(np.float16))
+    cs = kw["chunk_size"]
+    dt_out, dA_cumsum = chunk_cumsum(kw["dt"], kw["A"], cs, **step_options(kw))
+    chunk_states, final = fwd_pass_state(kw["x"], kw["B"], dt_out, dA_cumsum,
+                                         kw["initial_states"], kw["seq_idx"])
+    y = compute_out(kw["x"], kw["B"], kw["C"], dt_out, dA_cumsum, chunk_states, D=kw["D"],
+                    z=kw["z"], seq_idx=kw["seq_idx"])
+    assert y.dtype == np.float16 and chunk_states.dtype == np.float32
+    y_forward, final_forward = ssd_forward(**kw, return_final_states=True)
+    assert np.array_equal(y.view(np.uint16), y_forward.view(np.uint16))
+    assert np.array_equal(final.view(np.uint32), final_forward.view(np.uint32))
+
+
+@pytest.mark.parametrize("arg", ["B", "C", "z"])
+def test_mixed_activation_dtypes_refused(arg):
+    kw = narrow(make_inputs(BY_ID["all_options_chunk16"]), lambda a: a.astype(np.float16))
+    kw[arg] = kw[arg].astype(np.float32)
+    with pytest.raises(TypeError, match=rf"{arg} must have x's dtype \(float16\), got float32"):
+        ssd_forward(**kw)
+
+
+def test_narrow_dt_refused():
+    """Only the activations may be narrow: dt (and A, D, dt_bias, initial_states) stay float32."""
+    kw = narrow(make_inputs(BY_ID["all_options_chunk16"]), lambda a: a.astype(np.float16))
+    kw["dt"] = kw["dt"].astype(np.float16)
+    with pytest.raises(TypeError, match="dt must have"):
+        ssd_forward(**kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case_id", ["chunk128_ragged", "all_options_chunk256"])
+def test_bfloat16_torch_inputs_within_narrow_bound(case_id):
+    torch = pytest.importorskip("torch")
+    kw = make_inputs(BY_ID[case_id])
+    tkw = {k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v
+           for k, v in kw.items()}
+    tkw = narrow(tkw, lambda t: t.to(torch.bfloat16))
+    y, final = ssd_forward(**tkw, return_final_states=True)
+    assert y.dtype == torch.bfloat16 and final.dtype == torch.float32
+    host = narrow(kw, lambda a: a)
+    for k in ACTIVATIONS:  # the bfloat16 values themselves, exactly, for the reference
+        if k in tkw:
+            host[k] = tkw[k].float().cpu().numpy()
+    y_ref, final_ref, y_bound, final_bound, b, p = expected(host, "bfloat16")
+    check_close("y", y.float().cpu().numpy(), y_ref, y_bound, b.M, p)
+    check_close("final_states", final.cpu().numpy(), final_ref, final_bound, b.final_M, p)
