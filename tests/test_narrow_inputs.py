@@ -1,5 +1,6 @@
-"""Narrow inputs: x, B, C, z in float16 (CPU interpreter) or bfloat16 (GPU, torch tensors; NumPy
-has no bfloat16), everything else float32; y in the inputs' dtype, final_states float32.
+"""Narrow inputs: x, B, C, z in float16 (CPU interpreter, and CuPy on the GPU) or bfloat16 (GPU,
+torch tensors: NumPy and CuPy have no bfloat16), everything else float32; y in the inputs'
+dtype, final_states float32.
 
 The reference is the float64 forward of the narrow values themselves (upcast), and the bound
 is properties/bounds.py's narrow_output_bound: the float32 bound, plus the one rounding of y to
@@ -14,7 +15,7 @@ from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from properties.bounds import narrow_output_bound
 from properties.checks import check_close, forward_bounds
 from properties.strategies import Problem
-from shapes import CASES, make_inputs, step_options
+from shapes import BACKENDS, CASES, make_inputs, on_backend, step_options, to_numpy
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
@@ -40,10 +41,12 @@ def expected(kw: dict, dtype: str):
     return y_ref, final_ref, narrow_output_bound(y_ref, b.y, dtype), b.final, b, p
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case_id", NARROW_CASES)
-def test_float16_inputs_within_narrow_bound(case_id):
+def test_float16_inputs_within_narrow_bound(case_id, backend):
     kw = narrow(make_inputs(BY_ID[case_id]), lambda a: a.astype(np.float16))
-    y, final = ssd_forward(**kw, return_final_states=True)
+    y, final = (to_numpy(a) for a in ssd_forward(**on_backend(backend, kw),
+                                                   return_final_states=True))
     assert y.dtype == np.float16 and final.dtype == np.float32
     y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "float16")
     check_close("y", y, y_ref, y_bound, b.M, p)
@@ -91,7 +94,7 @@ def test_bfloat16_torch_inputs_within_narrow_bound(case_id):
     tkw = narrow(tkw, lambda t: t.to(torch.bfloat16))
     y, final = ssd_forward(**tkw, return_final_states=True)
     assert y.dtype == torch.bfloat16 and final.dtype == torch.float32
-    host = narrow(kw, lambda a: a)
+    host = dict(kw)
     for k in ACTIVATIONS:  # the bfloat16 values themselves, exactly, for the reference
         if k in tkw:
             host[k] = tkw[k].float().cpu().numpy()
