@@ -73,14 +73,19 @@ class Backend:
         return np
 
     def contiguous_float32(self, a):
-        """`a` as a C-contiguous float32 array of the same kind (no copy when it already is)."""
+        """`a` as a C-contiguous float32 array of the same kind (no copy when it already is);
+        None (an absent optional argument) stays None."""
+        if a is None:
+            return None
         if self.kind == "torch":
             return a.to(dtype=self.xp.float32).contiguous()
         return self.xp.ascontiguousarray(a, dtype=self.xp.float32)
 
     def contiguous(self, a):
         """`a` as a C-contiguous array of the same kind and dtype (no copy when it already is):
-        the activations (x, B, C, z), which the kernels read in their own dtype."""
+        the activations (x, B, C, z), which the kernels read in their own dtype. None stays None."""
+        if a is None:
+            return None
         if self.kind == "torch":
             return a.contiguous()
         return self.xp.ascontiguousarray(a)
@@ -101,8 +106,10 @@ class Backend:
         """(batch, seqlen) int32 segment ids: the count of changes of seq_idx up to each token.
 
         The state resets wherever seq_idx changes, whatever its values, so the kernels compare
-        these ids for equality: equal ids <=> no change in between.
+        these ids for equality: equal ids <=> no change in between. None (no seq_idx) stays None.
         """
+        if seq_idx is None:
+            return None
         xp = self.xp
         changed = seq_idx[:, 1:] != seq_idx[:, :-1]
         if self.kind == "torch":

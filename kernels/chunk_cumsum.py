@@ -85,9 +85,7 @@ def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0
         check_values=check_values)
     dt_limit = check_dt_limit(dt_limit)
     check_grid(batch, nheads)
-    dt, A = backend.contiguous_float32(dt), backend.contiguous_float32(A)
-    if dt_bias is not None:
-        dt_bias = backend.contiguous_float32(dt_bias)
+    dt, A, dt_bias = (backend.contiguous_float32(a) for a in (dt, A, dt_bias))
     dims = Dims(batch, seqlen, nheads, 1, 1, 1, chunk_size)
     dt_out = backend.empty(dims.shape("dt_out"))
     dA_cumsum = backend.empty(dims.shape("dA_cumsum"))

@@ -144,9 +144,8 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     x, B, C = (backend.contiguous(a) for a in (x, B, C))
     dt_out, dA_cumsum, chunk_states = (
         backend.contiguous_float32(a) for a in (dt_out, dA_cumsum, chunk_states))
-    D = None if D is None else backend.contiguous_float32(D)
-    z = None if z is None else backend.contiguous(z)
-    seg = None if seq_idx is None else backend.segment_ids(seq_idx)
+    D, z = backend.contiguous_float32(D), backend.contiguous(z)
+    seg = backend.segment_ids(seq_idx)
     y = backend.empty(dims.shape("y"), like=x)
     grid, args = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y)
     backend.launch(grid, _compute_out_kernel, args)

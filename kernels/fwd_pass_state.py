@@ -114,9 +114,8 @@ def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None):
     check_grid(dims.batch, dims.nheads)
     x, B = backend.contiguous(x), backend.contiguous(B)
     dt_out, dA_cumsum = backend.contiguous_float32(dt_out), backend.contiguous_float32(dA_cumsum)
-    if initial_states is not None:
-        initial_states = backend.contiguous_float32(initial_states)
-    seg = None if seq_idx is None else backend.segment_ids(seq_idx)
+    initial_states = backend.contiguous_float32(initial_states)
+    seg = backend.segment_ids(seq_idx)
     chunk_states = backend.empty(dims.shape("chunk_states"))
     final_states = backend.empty(dims.shape("final_states"))
     grid, args = fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg,

@@ -35,11 +35,10 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
                               check_values=check_values)
     dt_limit = check_dt_limit(dt_limit)
     check_grid(dims.batch, dims.nheads)
-    x, B, C, z = (None if a is None else backend.contiguous(a) for a in (x, B, C, z))
+    x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
     dt, A, D, dt_bias, initial_states = (
-        None if a is None else backend.contiguous_float32(a)
-        for a in (dt, A, D, dt_bias, initial_states))
-    seg = None if seq_idx is None else backend.segment_ids(seq_idx)
+        backend.contiguous_float32(a) for a in (dt, A, D, dt_bias, initial_states))
+    seg = backend.segment_ids(seq_idx)
 
     dt_out = backend.empty(dims.shape("dt_out"))
     dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
