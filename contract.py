@@ -162,6 +162,33 @@ def check_seq_idx(seq_idx, batch: int, seqlen: int):
         raise TypeError(f"seq_idx must be int32 (or int64), got {dtype_name(seq_idx)}")
 
 
+def _x_B_sizes(x, B, float_dtypes, activation_dtypes):
+    """x and B checked together: (batch, seqlen, nheads, headdim, ngroups, dstate)."""
+    batch, seqlen, nheads, headdim = _shape("x", x, 4)
+    if min(batch, seqlen, nheads, headdim) < 1:
+        raise ValueError(f"x must have no empty dimension, got shape {tuple(x.shape)}")
+    _activation("x", x, x, float_dtypes, activation_dtypes)
+    _shape("B", B, 4)
+    if int(B.shape[0]) != batch or int(B.shape[1]) != seqlen:
+        raise ValueError(f"B must have shape (batch={batch}, seqlen={seqlen}, ngroups, dstate), "
+                         f"got {tuple(B.shape)}")
+    ngroups, dstate = int(B.shape[2]), int(B.shape[3])
+    if ngroups < 1 or dstate < 1:
+        raise ValueError(f"B must have no empty dimension, got shape {tuple(B.shape)}")
+    if nheads % ngroups != 0:
+        raise ValueError(f"nheads ({nheads}) must be divisible by ngroups ({ngroups}, from B)")
+    _activation("B", B, x, float_dtypes, activation_dtypes)
+    return batch, seqlen, nheads, headdim, ngroups, dstate
+
+
+def _check_states_seq_idx(initial_states, seq_idx, dims: Dims, float_dtypes):
+    if initial_states is not None:
+        _expect("initial_states", initial_states, dims.shape("initial_states"))
+        _float("initial_states", initial_states, float_dtypes)
+    if seq_idx is not None:
+        check_seq_idx(seq_idx, dims.batch, dims.seqlen)
+
+
 def _check_D_z(D, z, dims: Dims, float_dtypes, x=None, activation_dtypes=None):
     if D is not None:
         if getattr(D, "ndim", None) == 1:
@@ -185,22 +212,10 @@ def check_forward_args(x, dt, A, B, C, chunk_size=None, *, D=None, z=None, dt_bi
     `float_dtypes`, the references' rule).
     `check_values=False` leaves out check_vector_values (the only check that reads values).
     """
-    batch, seqlen, nheads, headdim = _shape("x", x, 4)
-    if min(batch, seqlen, nheads, headdim) < 1:
-        raise ValueError(f"x must have no empty dimension, got shape {tuple(x.shape)}")
-    _activation("x", x, x, float_dtypes, activation_dtypes)
+    batch, seqlen, nheads, headdim, ngroups, dstate = _x_B_sizes(x, B, float_dtypes,
+                                                                 activation_dtypes)
     _expect("dt", dt, (batch, seqlen, nheads))
     _float("dt", dt, float_dtypes)
-    _shape("B", B, 4)
-    if int(B.shape[0]) != batch or int(B.shape[1]) != seqlen:
-        raise ValueError(f"B must have shape (batch={batch}, seqlen={seqlen}, ngroups, dstate), "
-                         f"got {tuple(B.shape)}")
-    ngroups, dstate = int(B.shape[2]), int(B.shape[3])
-    if ngroups < 1 or dstate < 1:
-        raise ValueError(f"B must have no empty dimension, got shape {tuple(B.shape)}")
-    if nheads % ngroups != 0:
-        raise ValueError(f"nheads ({nheads}) must be divisible by ngroups ({ngroups}, from B)")
-    _activation("B", B, x, float_dtypes, activation_dtypes)
     dims = Dims(batch, seqlen, nheads, headdim, ngroups, dstate,
                 None if chunk_size is None else check_chunk_size(chunk_size))
     _expect("C", C, dims.shape("C"))
@@ -210,11 +225,7 @@ def check_forward_args(x, dt, A, B, C, chunk_size=None, *, D=None, z=None, dt_bi
     if dt_bias is not None:
         _expect("dt_bias", dt_bias, (nheads,))
         _float("dt_bias", dt_bias, float_dtypes)
-    if initial_states is not None:
-        _expect("initial_states", initial_states, dims.shape("initial_states"))
-        _float("initial_states", initial_states, float_dtypes)
-    if seq_idx is not None:
-        check_seq_idx(seq_idx, batch, seqlen)
+    _check_states_seq_idx(initial_states, seq_idx, dims, float_dtypes)
     check_dt_limit(dt_limit)
     if check_values:
         check_vector_values(A, D=D, dt_bias=dt_bias)
@@ -241,16 +252,8 @@ def check_chunk_cumsum_args(dt, A, chunk_size, *, dt_bias=None, dt_limit=(0.0, m
 
 
 def _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes, activation_dtypes) -> Dims:
-    batch, seqlen, nheads, headdim = _shape("x", x, 4)
-    _activation("x", x, x, float_dtypes, activation_dtypes)
-    _shape("B", B, 4)
-    ngroups, dstate = int(B.shape[2]), int(B.shape[3])
-    if tuple(int(s) for s in B.shape[:2]) != (batch, seqlen):
-        raise ValueError(f"B must have shape (batch={batch}, seqlen={seqlen}, ngroups, dstate), "
-                         f"got {tuple(B.shape)}")
-    if ngroups < 1 or nheads % ngroups != 0:
-        raise ValueError(f"nheads ({nheads}) must be divisible by ngroups ({ngroups}, from B)")
-    _activation("B", B, x, float_dtypes, activation_dtypes)
+    batch, seqlen, nheads, headdim, ngroups, dstate = _x_B_sizes(x, B, float_dtypes,
+                                                                 activation_dtypes)
     _shape("dt_out", dt_out, 4)
     chunk_size = check_chunk_size(int(dt_out.shape[3]))
     dims = Dims(batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
@@ -264,11 +267,7 @@ def _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes, activation_dtypes) -> D
 def check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, *, initial_states=None, seq_idx=None,
                               float_dtypes=FLOAT_DTYPES, activation_dtypes=None) -> Dims:
     dims = _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes, activation_dtypes)
-    if initial_states is not None:
-        _expect("initial_states", initial_states, dims.shape("initial_states"))
-        _float("initial_states", initial_states, float_dtypes)
-    if seq_idx is not None:
-        check_seq_idx(seq_idx, dims.batch, dims.seqlen)
+    _check_states_seq_idx(initial_states, seq_idx, dims, float_dtypes)
     return dims
 
 
