@@ -89,11 +89,24 @@ def _floor(p: Problem, dt_out, *states) -> float:
 
 @dataclass
 class ForwardBounds:
-    y: np.ndarray  # per-element bound on |y - y_ref|
-    final: np.ndarray  # per-element bound on |final_states - ref|
+    """Per-element bounds on |y - y_ref| and |final_states - ref|: kappa u M + extra, where extra
+    is the fp32-cumsum decay term plus the flush-to-zero floor."""
+
     M: np.ndarray
     final_M: np.ndarray
-    floor: float  # the flush-to-zero allowance inside both bounds
+    kappa_y: float
+    kappa_final: float
+    extra_y: np.ndarray
+    extra_final: np.ndarray
+    floor: float  # the flush-to-zero allowance inside both extras
+
+    @property
+    def y(self) -> np.ndarray:
+        return tf32_bound(self.M, self.kappa_y) + self.extra_y
+
+    @property
+    def final(self) -> np.ndarray:
+        return tf32_bound(self.final_M, self.kappa_final) + self.extra_final
 
 
 def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: float = 0.0,
@@ -121,10 +134,9 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     floor = _floor(p, dt_out, states_M, final_M)
     k_y = kappa("forward", d.seqlen, cs, d.dstate) + extra_kappa
     k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate) + extra_kappa
-    return ForwardBounds(
-        y=tf32_bound(M, k_y) + decay_term(M, M_w, cs, lam) + floor,
-        final=tf32_bound(final_M, k_s) + decay_term(final_M, final_M_w, cs, lam) + floor,
-        M=M, final_M=final_M, floor=floor)
+    return ForwardBounds(M=M, final_M=final_M, kappa_y=k_y, kappa_final=k_s,
+                         extra_y=decay_term(M, M_w, cs, lam) + floor,
+                         extra_final=decay_term(final_M, final_M_w, cs, lam) + floor, floor=floor)
 
 
 def check_close(what: str, got, ref, bound, M, p: Problem, *, label: str | None = None,

@@ -6,47 +6,32 @@ import pytest
 
 import reference as R
 from kernels import ssd_forward
-from properties.bounds import DECAY_ETA, KAPPA, decay_term, kappa
-from shapes import (BACKENDS, CASES, Case, check_within, make_inputs, on_backend, step_options,
-                    to_numpy)
+from properties.bounds import kappa
+from properties.checks import forward_bounds
+from properties.strategies import Problem
+from shapes import BACKENDS, CASES, Case, check_within, make_inputs, on_backend, to_numpy
 
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
 
 def expected(kw: dict):
-    """(y_ref, final_ref, y_M, final_M, y_extra, final_extra) for the inputs `kw`.
-
-    M as the spec defines it; extra = the bounds module's decay_term: the kernel's dA_cumsum is
-    an fp32 cumsum, the reference's float64 (it needs the magnitude with every A weakened by
-    DECAY_ETA, and the largest in-chunk decay)."""
-    cs = kw["chunk_size"]
+    """(y_ref, final_ref, bounds) for the NumPy inputs `kw`: the float64 forward and the property
+    suite's ForwardBounds (kappa for these sizes, the fp32-cumsum decay term, the FTZ floor)."""
     y_ref, final_ref = R.ssd_chunked(**kw)
-    weaker = dict(kw, A=kw["A"] * (1.0 - DECAY_ETA))
-    steps = step_options(kw)
-
-    def final_magnitude(args):
-        dt_out, dA = R.chunk_cumsum_ref(args["dt"], args["A"], cs, **steps)
-        return R.fwd_pass_state_magnitude(args["x"], args["B"], dt_out, dA,
-                                          args.get("initial_states"), args.get("seq_idx"))[1], dA
-
-    final_M, dA_ref = final_magnitude(kw)
-    final_M_weaker, _ = final_magnitude(weaker)
-    y_M, y_M_weaker = R.ssd_magnitude(**kw), R.ssd_magnitude(**weaker)
-    lam = float(np.max(np.abs(dA_ref)))
-    return (y_ref, final_ref, y_M, final_M, decay_term(y_M, y_M_weaker, cs, lam),
-            decay_term(final_M, final_M_weaker, cs, lam))
+    return y_ref, final_ref, forward_bounds(Problem(**kw))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", [c.param() for c in CASES])
 def test_ssd_forward_matches_reference(case, backend, request):
     kw = make_inputs(case)
-    y_ref, final_ref, y_M, final_M, y_extra, final_extra = expected(kw)
+    y_ref, final_ref, b = expected(kw)
     y, final = ssd_forward(**on_backend(backend, kw), return_final_states=True)
     assert y.shape == y_ref.shape and final.shape == final_ref.shape
-    check_within("y", y, y_ref, y_M, KAPPA, request.node.name, y_extra)
-    check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name, final_extra)
+    check_within("y", y, y_ref, b.M, b.kappa_y, request.node.name, b.extra_y)
+    check_within("final_states", final, final_ref, b.final_M, b.kappa_final, request.node.name,
+                 b.extra_final)
 
 
 SMALL = Case("small_all_options", 1, 70, 4, 8, 2, 8, 32, D="head", z=True, dt="softplus",
@@ -153,11 +138,11 @@ def test_seqlen_2_pow_20_beyond_int32_offsets(request):
                                    ("last", slice(L - WINDOW, L), slice(SETTLE, WINDOW))):
         kw = dict(x=x[:, window].get(), dt=dt[:, window].get(), A=A.get(), B=B[:, window].get(),
                   C=C[:, window].get(), chunk_size=cs, D=D.get())
-        y_ref, final_ref, y_M, final_M, y_extra, final_extra = expected(kw)
+        y_ref, final_ref, b = expected(kw)
         got = to_numpy(y[:, window])[:, compared]
-        check_within(f"y_{name}_window", got, y_ref[:, compared], y_M[:, compared], kap,
-                     request.node.name, y_extra[:, compared])
+        check_within(f"y_{name}_window", got, y_ref[:, compared], b.M[:, compared], kap,
+                     request.node.name, b.extra_y[:, compared])
         if name == "last":
-            check_within("final_states", final, final_ref, final_M, kap, request.node.name,
-                         final_extra)
+            check_within("final_states", final, final_ref, b.final_M, kap, request.node.name,
+                         b.extra_final)
     assert not bool(cupy.isnan(y).any())
