@@ -32,33 +32,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 # (name, module constants, textual edits [(old, new, count)], compiler hints); the first of each
 # list is the code as committed (its output is the reference of the others)
+LOOP_LAT = 'padding_mode=ct.PaddingMode.ZERO)'
+NO_TMA = 'padding_mode=ct.PaddingMode.ZERO, allow_tma=False)'
 T128 = {"MAX_BLOCK_T": 128, "TILE_ELEMENTS": 16384}
 COMPUTE_OUT_VARIANTS = [
-    ("H4T64_occ2", {}, [], {}),
-    ("H1T64_occ2", {"MAX_BLOCK_H": 1}, [], {}),
-    ("H2T64_occ2", {"MAX_BLOCK_H": 2}, [], {}),
-    ("H4T64_occ1", {}, [], {"occupancy": 1}),
-    ("H8T64_occ1", {"MAX_BLOCK_H": 8, "MAX_HEAD_COLUMNS": 512}, [], {"occupancy": 1}),
-    ("H2T128_occ1", {"MAX_BLOCK_H": 2, **T128}, [], {"occupancy": 1}),
-    ("H4T128_occ1", T128, [], {"occupancy": 1}),
-    ("H4T32_occ2", {"MAX_BLOCK_T": 32}, [], {}),
-    ("H4T64_occ2_w8", {}, [], {"num_worker_warps": 8}),
+    ("T64_occ2", {}, [], {}),
+    ("T64_occ3", {}, [], {"occupancy": 3}),
+    ("T64_occ4", {}, [], {"occupancy": 4}),
+    ("T32_occ4", {"MAX_BLOCK_T": 32}, [], {"occupancy": 4}),
+    ("T128_occ2", T128, [], {}),
+    ("T64_occ1", {}, [], {"occupancy": 1}),
+    ("T64_occ2_w4", {}, [], {"num_worker_warps": 4}),
+    ("T64_occ2_w8", {}, [], {"num_worker_warps": 8}),
+    ("T64_occ2_notma", {}, [(LOOP_LAT, NO_TMA, None)], {}),
 ]
-# the chunk's increment summed apart from the carried state, so the next chunk's products need
-# not wait for this chunk's
-SPLIT = [("        acc = carried\n",
-          "        acc = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)\n", 1),
-         ("        S = acc\n", "        S = carried + acc\n", 1)]
 FWD_PASS_STATE_VARIANTS = [
-    ("H1P64", {}, [], {}),
-    ("H1P64_occ2", {}, [], {"occupancy": 2}),
-    ("H1P64_split", {}, SPLIT, {}),
-    ("H2P64", {"MAX_BLOCK_H": 2}, [], {}),
-    ("H2P32", {"MAX_BLOCK_H": 2, "MAX_BLOCK_P": 32}, [], {}),
-    ("H2P32_occ2", {"MAX_BLOCK_H": 2, "MAX_BLOCK_P": 32}, [], {"occupancy": 2}),
-    ("H4P32", {"MAX_BLOCK_H": 4, "MAX_BLOCK_P": 32}, [], {}),
-    ("H4P16", {"MAX_BLOCK_H": 4, "MAX_BLOCK_P": 16}, [], {}),
-    ("H2P32_split", {"MAX_BLOCK_H": 2, "MAX_BLOCK_P": 32}, SPLIT, {}),
+    ("P64N128K64", {}, [], {}),
+    ("P64N128K128", {"MAX_BLOCK_K": 128}, [], {}),
+    ("P32N128K64", {"MAX_BLOCK_P": 32}, [], {}),
+    ("P64N128K64_occ1", {}, [], {"occupancy": 1}),
+    ("P64N128K64_occ2", {}, [], {"occupancy": 2}),
+    ("P64N64K64", {"MAX_BLOCK_N": 64}, [], {}),
+    ("P64N128K64_notma", {}, [(LOOP_LAT, NO_TMA, None)], {}),
 ]
 # rows whose kernel specializations differ: chunk 256 / dstate 128, chunk 64, chunk 128 / dstate 64
 DEFAULT_ROWS = ("mamba2_2p7b", "chunk_64", "groups_8")

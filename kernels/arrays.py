@@ -179,13 +179,3 @@ def pow2_tile(n: int, lo: int = 1, hi: int | None = None) -> int:
     covers the rest)."""
     t = max(lo, 1 << max(0, (n - 1).bit_length()))
     return t if hi is None else min(t, hi)
-
-
-def heads_per_program(nheads: int, ngroups: int, max_heads: int, max_by_tile: int) -> int:
-    """How many heads one program carries: the largest power of two <= max_heads and
-    <= max_by_tile that divides nheads // ngroups (so a program's heads share one group)."""
-    per_group = nheads // ngroups
-    h = 1
-    while 2 * h <= min(max_heads, max_by_tile) and per_group % (2 * h) == 0:
-        h *= 2
-    return h

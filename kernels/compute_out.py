@@ -5,21 +5,20 @@ from __future__ import annotations
 import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_compute_out_args
-from kernels.arrays import MMA_MIN, backend_of, check_grid, heads_per_program, pow2_tile
+from kernels.arrays import MMA_MIN, backend_of, check_grid, pow2_tile
 from kernels.chunk_cumsum import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
 # Tile sizes (launcher-chosen constants, so performance work can tune them here): a program
-# computes y for BLOCK_T tokens x BLOCK_H heads of one group x BLOCK_P headdim columns. The
-# heads of a program share C, B and C_t B_s^T (computed once, not once per head); the products
-# that carry the heads have BLOCK_H * BLOCK_P <= MAX_HEAD_COLUMNS columns. dstate is held whole
-# (padded to a power of two); BLOCK_T shrinks as dstate grows so that the C and B tiles,
-# [BLOCK_T, DSTATE], stay at TILE_ELEMENTS. No chunk x chunk matrix exists, not even in registers:
-# the s-blocks of the chunk are visited in a loop up to the diagonal.
+# computes [BLOCK_T, BLOCK_P] of y, looping over the chunk's s-blocks of BLOCK_T tokens up to the
+# diagonal (flash-attention-like), so a chunk x chunk matrix never exists, not even in registers.
+# dstate is held whole (padded to a power of two); BLOCK_T shrinks as dstate grows so that the
+# C and B tiles, [BLOCK_T, DSTATE], stay at 8K elements.
 MAX_BLOCK_T = 64
 MAX_BLOCK_P = 64
-MAX_BLOCK_H = 4
-MAX_HEAD_COLUMNS = 256
 TILE_ELEMENTS = 8192
+# Two programs per SM: the H200 sweep (benchmarks/NOTES.md) measured 1.69 -> 1.39 ms on the
+# Mamba-2 2.7B row, 1.55 -> 1.00 at chunk 64, 1.13 -> 0.63 with 8 groups (the compiler's
+# automatic choice left the loads' latency exposed).
 OCCUPANCY = 2
 
 
@@ -29,128 +28,86 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
                         chunk_states: ct.IndexedWithInt64, D, z: ct.IndexedWithInt64,
                         seg: ct.IndexedWithInt64, y: ct.IndexedWithInt64,
                         CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
-                        BLOCK_H: ct.Constant[int], BLOCK_P: ct.Constant[int],
-                        DSTATE: ct.Constant[int], HAS_D: ct.Constant[bool],
-                        D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool],
-                        HAS_SEQ_IDX: ct.Constant[bool]):
-    """One program: y for BLOCK_T tokens x BLOCK_H heads (one group) x BLOCK_P headdim columns;
-    grid (token blocks x headdim blocks, head blocks, batch)."""
+                        BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
+                        HAS_D: ct.Constant[bool], D_PER_HEADDIM: ct.Constant[bool],
+                        HAS_Z: ct.Constant[bool], HAS_SEQ_IDX: ct.Constant[bool]):
+    """One program: y for BLOCK_T tokens x BLOCK_P headdim columns of one (batch, head);
+    grid (token blocks x headdim blocks, nheads, batch)."""
     tp = ct.bid(0)
-    hb = ct.bid(1)  # head block: heads hb * BLOCK_H ... + BLOCK_H - 1, all of one group
+    h = ct.bid(1)
     b = ct.bid(2)
     p_blocks = ct.cdiv(x.shape[3], BLOCK_P)
     tb = tp // p_blocks  # token block, in units of BLOCK_T tokens
     pb = tp % p_blocks
     T_PER_CHUNK = CHUNK // BLOCK_T
-    HP = BLOCK_H * BLOCK_P
     c = tb // T_PER_CHUNK
     i = tb % T_PER_CHUNK  # the token block's position in its chunk
-    g = (hb * BLOCK_H) // (x.shape[2] // B.shape[2])  # the group the block's heads read
+    g = h // (x.shape[2] // B.shape[2])  # the group head h reads
 
-    # Decays relative to the block's first token r = i * BLOCK_T: for t >= r > s (the carried
-    # state and every earlier s-block), 2^(a_t - a_s) = 2^(a_t - a_r) * 2^(a_r - a_s), two
-    # factors <= 1 (dA_cumsum is non-increasing), so they never overflow, and where one
-    # underflows the exact term is smaller still. That makes the off-diagonal decay a row factor
-    # times a column factor: the column factor goes into x, the row factor onto the sum, and
-    # C_t B_s^T is one product shared by the block's heads.
-    a_t = ct.reshape(ct.load(dA_cumsum, (b, hb, c, i), shape=(1, BLOCK_H, 1, BLOCK_T)),
-                     (BLOCK_H, BLOCK_T))
-    a_r = ct.reshape(ct.load(dA_cumsum, (b, hb, c, i * BLOCK_T), shape=(1, BLOCK_H, 1, 1)),
-                     (BLOCK_H, 1))
-    # clamps: rounding must not push an exponent above 0
-    row_decay = ct.exp2(ct.minimum(a_t - a_r, 0.0))  # [BLOCK_H, BLOCK_T]
-    row_decay = ct.reshape(ct.transpose(row_decay), (BLOCK_T, BLOCK_H, 1))
-
+    a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)), (BLOCK_T, 1))
     # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32 at
     # once (exact), so the arithmetic below is the same for every input dtype
     Ct = ct.load(C, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                  padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
     Ct = ct.reshape(Ct, (BLOCK_T, DSTATE)).astype(ct.tfloat32)
+
+    # carried-state term: 2^(a_t) * C_t . S_c^T
+    S = ct.load(chunk_states, (b, c, h, pb, 0), shape=(1, 1, 1, BLOCK_P, DSTATE),
+                padding_mode=ct.PaddingMode.ZERO)
+    S = ct.transpose(ct.reshape(S, (BLOCK_P, DSTATE))).astype(ct.tfloat32)  # [DSTATE, BLOCK_P]
+    acc = ct.mma(Ct, S, ct.zeros((BLOCK_T, BLOCK_P), dtype=ct.float32))
+    decay_in = ct.exp2(ct.minimum(a_t, 0.0))  # [BLOCK_T, 1]; clamp: rounding must not make it > 1
     if HAS_SEQ_IDX:
         seg_t = ct.load(seg, (b, tb), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
-        seg_row = ct.reshape(seg_t, (BLOCK_T, 1))
-        # the carried state belongs to the segment of the token before the chunk (chunk 0: 0);
-        # rows of another segment take none of it
+        seg_t = ct.reshape(seg_t, (BLOCK_T, 1))
+        # the carried state belongs to the segment of the token before the chunk (chunk 0: 0)
         seg_before = ct.load(seg, (b, ct.maximum(c * CHUNK - 1, 0)), shape=(1, 1))
-        Cs = ct.where(seg_row == seg_before, Ct, 0.0)
-    else:
-        Cs = Ct
+        decay_in = ct.where(seg_t == seg_before, decay_in, 0.0)
+    acc = acc * decay_in  # [BLOCK_T, BLOCK_P]
 
-    # carried-state term, up to the row factor: C_t . (2^(a_r) S_c)^T for every head at once
-    S = ct.load(chunk_states, (b, c, hb, pb, 0), shape=(1, 1, BLOCK_H, BLOCK_P, DSTATE),
-                padding_mode=ct.PaddingMode.ZERO)
-    S = ct.reshape(S, (BLOCK_H, BLOCK_P, DSTATE)) * ct.reshape(
-        ct.exp2(ct.minimum(a_r, 0.0)), (BLOCK_H, 1, 1))
-    S = ct.reshape(ct.permute(S, (2, 0, 1)), (DSTATE, HP)).astype(ct.tfloat32)
-    acc = ct.mma(Cs, S, ct.zeros((BLOCK_T, HP), dtype=ct.float32))  # [BLOCK_T, HP]
-
-    # earlier s-blocks j < i: (C_t B_s^T) (2^(a_r - a_s) dt_s x_s), up to the row factor
-    for j in range(i):
+    # intra-chunk term: sum over s-blocks j <= i of (C_t . B_s^T o L) (dt_s x_s)
+    rows = ct.reshape(i * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))
+    for j in range(i + 1):
         sb = c * T_PER_CHUNK + j
         Bs = ct.load(B, (b, sb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                      padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+        # [DSTATE, BLOCK_T]
         Bs = ct.transpose(ct.reshape(Bs, (BLOCK_T, DSTATE))).astype(ct.tfloat32)
         cb = ct.mma(Ct, Bs, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [t, s]
+        a_s = ct.reshape(ct.load(dA_cumsum, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))
+        dt_s = ct.reshape(ct.load(dt_out, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))
+        cols = ct.reshape(j * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))
+        keep = rows >= cols  # causal: s <= t
         if HAS_SEQ_IDX:
             seg_s = ct.load(seg, (b, sb), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
-            cb = ct.where(seg_row == seg_s, cb, 0.0)
-        a_s = ct.reshape(ct.load(dA_cumsum, (b, hb, c, j), shape=(1, BLOCK_H, 1, BLOCK_T)),
-                         (BLOCK_H, BLOCK_T))
-        dt_s = ct.reshape(ct.load(dt_out, (b, hb, c, j), shape=(1, BLOCK_H, 1, BLOCK_T)),
-                          (BLOCK_H, BLOCK_T))
-        w = dt_s * ct.exp2(ct.minimum(a_r - a_s, 0.0))  # [BLOCK_H, BLOCK_T]
-        w = ct.reshape(ct.transpose(w), (BLOCK_T, BLOCK_H, 1))
-        xs = ct.load(x, (b, sb, hb, pb), shape=(1, BLOCK_T, BLOCK_H, BLOCK_P),
+            keep = keep & (seg_t == seg_s)
+        # L[t, s] = 2^(a_t - a_s): a select on a clamped exponent, so 2^(positive) is never
+        # formed above the diagonal and no inf * 0 can appear
+        L = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [BLOCK_T, BLOCK_T]
+        xs = ct.load(x, (b, sb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
                      padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-        xs = ct.reshape(ct.reshape(xs, (BLOCK_T, BLOCK_H, BLOCK_P)) * w, (BLOCK_T, HP))
-        acc = ct.mma(cb.astype(ct.tfloat32), xs.astype(ct.tfloat32), acc)
-    acc = ct.reshape(acc, (BLOCK_T, BLOCK_H, BLOCK_P)) * row_decay
-
-    # the diagonal s-block: a decay per (head, t, s), L = 2^(a_t - a_s) for s <= t, else 0
-    Bi = ct.load(B, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
-                 padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-    Bi = ct.transpose(ct.reshape(Bi, (BLOCK_T, DSTATE))).astype(ct.tfloat32)
-    cb = ct.mma(Ct, Bi, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [t, s]
-    rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))
-    cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))
-    keep = rows >= cols  # causal: s <= t
-    if HAS_SEQ_IDX:
-        keep = keep & (seg_row == ct.reshape(seg_t, (1, BLOCK_T)))
-    a_col = ct.reshape(a_t, (BLOCK_H, 1, BLOCK_T))
-    a_row = ct.reshape(a_t, (BLOCK_H, BLOCK_T, 1))
-    # a select on a clamped exponent: 2^(positive) is never formed above the diagonal and no
-    # inf * 0 can appear
-    L = ct.where(ct.reshape(keep, (1, BLOCK_T, BLOCK_T)),
-                 ct.exp2(ct.minimum(a_row - a_col, 0.0)), 0.0)  # [BLOCK_H, BLOCK_T, BLOCK_T]
-    dt_i = ct.reshape(ct.load(dt_out, (b, hb, c, i), shape=(1, BLOCK_H, 1, BLOCK_T)),
-                      (BLOCK_H, 1, BLOCK_T))
-    weights = ct.reshape(cb, (1, BLOCK_T, BLOCK_T)) * L * dt_i
-    xt = ct.load(x, (b, tb, hb, pb), shape=(1, BLOCK_T, BLOCK_H, BLOCK_P),
-                 padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-    xt = ct.reshape(xt, (BLOCK_T, BLOCK_H, BLOCK_P))
-    xt_heads = ct.permute(xt, (1, 0, 2)).astype(ct.tfloat32)  # [BLOCK_H, BLOCK_T, BLOCK_P]
-    diag = ct.mma(weights.astype(ct.tfloat32), xt_heads,
-                  ct.zeros((BLOCK_H, BLOCK_T, BLOCK_P), dtype=ct.float32))
-    acc = acc + ct.permute(diag, (1, 0, 2))  # [BLOCK_T, BLOCK_H, BLOCK_P]
+        xs = ct.reshape(xs, (BLOCK_T, BLOCK_P)).astype(ct.tfloat32)
+        acc = ct.mma((cb * L * dt_s).astype(ct.tfloat32), xs, acc)
 
     if HAS_D:
-        if D_PER_HEADDIM:
-            d = ct.load(D, (hb, pb), shape=(BLOCK_H, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
-            d = ct.reshape(d, (1, BLOCK_H, BLOCK_P))
-        else:
-            d = ct.reshape(ct.load(D, (hb,), shape=(BLOCK_H,)), (1, BLOCK_H, 1))
-        acc = acc + d * xt
-    if HAS_Z:
-        zt = ct.load(z, (b, tb, hb, pb), shape=(1, BLOCK_T, BLOCK_H, BLOCK_P),
+        xt = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
                      padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-        zt = ct.reshape(zt, (BLOCK_T, BLOCK_H, BLOCK_P))
+        if D_PER_HEADDIM:
+            d = ct.load(D, (h, pb), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
+        else:
+            d = ct.load(D, (h,), shape=(1,))
+            d = ct.reshape(d, (1, 1))
+        acc = acc + d * ct.reshape(xt, (BLOCK_T, BLOCK_P))
+    if HAS_Z:
+        zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+                     padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+        zt = ct.reshape(zt, (BLOCK_T, BLOCK_P))
         # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is inf
         # and the gate is -0, its limit
         acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
     # rows past seqlen and columns past headdim are masked by the store; y has x's dtype (one
     # rounding of the float32 result for narrow inputs)
-    ct.store(y, (b, tb, hb, pb),
-             ct.reshape(acc, (1, BLOCK_T, BLOCK_H, BLOCK_P)).astype(y.dtype))
+    ct.store(y, (b, tb, h, pb), ct.reshape(acc, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
 
 
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
@@ -160,16 +117,15 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
     (batch, seqlen) int32 segment ids, or None.
     """
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
-    ngroups, dstate = int(B.shape[2]), int(B.shape[3])
+    dstate = int(B.shape[3])
     chunk_size = int(dt_out.shape[3])
     dstate_tile = pow2_tile(dstate, lo=MMA_MIN)
     block_t = max(MMA_MIN, min(chunk_size, MAX_BLOCK_T, TILE_ELEMENTS // dstate_tile))
     block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
-    block_h = heads_per_program(nheads, ngroups, MAX_BLOCK_H, MAX_HEAD_COLUMNS // block_p)
-    grid = (-(-seqlen // block_t) * -(-headdim // block_p), nheads // block_h, batch)
+    grid = (-(-seqlen // block_t) * -(-headdim // block_p), nheads, batch)
     args = (x, B, C, dt_out, dA_cumsum, chunk_states,
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
-            chunk_size, block_t, block_h, block_p, dstate_tile,
+            chunk_size, block_t, block_p, dstate_tile,
             D is not None, D is not None and len(D.shape) == 2, z is not None, seg is not None)
     return grid, args
 

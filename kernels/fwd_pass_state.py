@@ -5,20 +5,17 @@ from __future__ import annotations
 import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args
-from kernels.arrays import MMA_MIN, backend_of, check_grid, heads_per_program, pow2_tile
+from kernels.arrays import MMA_MIN, backend_of, check_grid, pow2_tile
 
-# Tile sizes (launcher-chosen constants, so performance work can tune them here): a program
-# carries the state slices [BLOCK_P, BLOCK_N] of BLOCK_H heads of one group, which share the
-# B tile of every step: one mma per BLOCK_K tokens produces all BLOCK_H slices at once,
-# [BLOCK_H * BLOCK_P, BLOCK_K] @ [BLOCK_K, BLOCK_N] (one per chunk up to chunk 64).
+# Tile sizes (launcher-chosen constants, so performance work can tune them here):
+# the state slice of one program is [BLOCK_P, BLOCK_N]; the chunk's tokens are consumed
+# BLOCK_K at a time (one mma per BLOCK_K tokens: one per chunk up to chunk 64).
 # BLOCK_N up to 128 holds Mamba-2's whole dstate, so x is read once: on the H200 fewer, larger
 # programs won (0.51 -> 0.46 ms on the 2.7B row, 0.96 -> 0.78 at chunk 64; splitting the state
 # further, or BLOCK_K 128/256, was slower: benchmarks/NOTES.md).
-MAX_BLOCK_H = 1
 MAX_BLOCK_P = 64
 MAX_BLOCK_N = 128
 MAX_BLOCK_K = 64
-MAX_STATE_ROWS = 128  # BLOCK_H * BLOCK_P
 
 
 @ct.kernel
@@ -27,75 +24,63 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                            initial_states: ct.IndexedWithInt64, seg: ct.IndexedWithInt64,
                            chunk_states: ct.IndexedWithInt64, final_states: ct.IndexedWithInt64,
                            CHUNK: ct.Constant[int], BLOCK_K: ct.Constant[int],
-                           BLOCK_H: ct.Constant[int], BLOCK_P: ct.Constant[int],
-                           BLOCK_N: ct.Constant[int], HAS_INITIAL_STATES: ct.Constant[bool],
-                           HAS_SEQ_IDX: ct.Constant[bool]):
-    """One program: the state slices [BLOCK_P, BLOCK_N] of BLOCK_H heads (one group) of one
-    batch through every chunk; grid (headdim blocks x dstate blocks, head blocks, batch)."""
+                           BLOCK_P: ct.Constant[int], BLOCK_N: ct.Constant[int],
+                           HAS_INITIAL_STATES: ct.Constant[bool], HAS_SEQ_IDX: ct.Constant[bool]):
+    """One program: the state slice [BLOCK_P, BLOCK_N] of one (batch, head) through every chunk;
+    grid (headdim blocks x dstate blocks, nheads, batch)."""
     pn = ct.bid(0)
-    hb = ct.bid(1)  # head block: heads hb * BLOCK_H ... + BLOCK_H - 1, all of one group
+    h = ct.bid(1)
     b = ct.bid(2)
     seqlen = x.shape[1]
     nchunks = dt_out.shape[2]
     n_blocks = ct.cdiv(B.shape[3], BLOCK_N)
     pb = pn // n_blocks
     nb = pn % n_blocks
-    g = (hb * BLOCK_H) // (x.shape[2] // B.shape[2])  # the group the block's heads read
+    g = h // (x.shape[2] // B.shape[2])  # the group head h reads
     K_PER_CHUNK = CHUNK // BLOCK_K
-    ROWS = BLOCK_H * BLOCK_P
 
     if HAS_INITIAL_STATES:
-        S = ct.load(initial_states, (b, hb, pb, nb), shape=(1, BLOCK_H, BLOCK_P, BLOCK_N),
+        S = ct.load(initial_states, (b, h, pb, nb), shape=(1, 1, BLOCK_P, BLOCK_N),
                     padding_mode=ct.PaddingMode.ZERO)
-        S = ct.reshape(S, (ROWS, BLOCK_N))
+        S = ct.reshape(S, (BLOCK_P, BLOCK_N))
     else:
-        S = ct.zeros((ROWS, BLOCK_N), dtype=ct.float32)
+        S = ct.zeros((BLOCK_P, BLOCK_N), dtype=ct.float32)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
     for c in range(nchunks):
-        ct.store(chunk_states, (b, c, hb, pb, nb),
-                 ct.reshape(S, (1, 1, BLOCK_H, BLOCK_P, BLOCK_N)))
+        ct.store(chunk_states, (b, c, h, pb, nb), ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)))
         # a_last: the decay over the whole chunk (flat over a short chunk's padding)
-        a_last = ct.reshape(ct.load(dA_cumsum, (b, hb, c, CHUNK - 1), shape=(1, BLOCK_H, 1, 1)),
-                            (1, BLOCK_H))
-        carry = ct.exp2(ct.minimum(a_last, 0.0))  # [1, BLOCK_H]; clamp: rounding must not make it > 1
+        a_last = ct.reshape(ct.load(dA_cumsum, (b, h, c, CHUNK - 1), shape=(1, 1, 1, 1)), (1, 1))
+        carry = ct.exp2(ct.minimum(a_last, 0.0))  # clamp: rounding must not make it > 1
         if HAS_SEQ_IDX:
             # the state handed on belongs to the segment of the chunk's last real token
             last = ct.minimum(c * CHUNK + (CHUNK - 1), seqlen - 1)
             seg_last = ct.load(seg, (b, last), shape=(1, 1))
             carry = ct.where(seg_last == seg_before, carry, 0.0)
             seg_before = seg_last
-        # [ROWS, BLOCK_N], each head's rows scaled by its carry
-        carried = ct.reshape(ct.reshape(S, (BLOCK_H, BLOCK_P, BLOCK_N))
-                             * ct.reshape(carry, (BLOCK_H, 1, 1)), (ROWS, BLOCK_N))
-        acc = carried
+        acc = S * carry  # [BLOCK_P, BLOCK_N]
         # token blocks that hold real tokens (a block wholly past seqlen must not be loaded)
         k_blocks = ct.minimum(K_PER_CHUNK, ct.cdiv(seqlen - c * CHUNK, BLOCK_K))
         for k in range(k_blocks):
             tb = c * K_PER_CHUNK + k
             # x and B may be bfloat16 or float16 arrays: widened to float32 at once (exact)
-            xk = ct.load(x, (b, tb, hb, pb), shape=(1, BLOCK_K, BLOCK_H, BLOCK_P),
+            xk = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_K, 1, BLOCK_P),
                          padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-            xk = ct.reshape(xk, (BLOCK_K, BLOCK_H, BLOCK_P))
+            xk = ct.reshape(xk, (BLOCK_K, BLOCK_P))
             Bk = ct.load(B, (b, tb, g, nb), shape=(1, BLOCK_K, 1, BLOCK_N),
                          padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
             Bk = ct.reshape(Bk, (BLOCK_K, BLOCK_N))
-            ak = ct.load(dA_cumsum, (b, hb, c, k), shape=(1, BLOCK_H, 1, BLOCK_K))
-            ak = ct.reshape(ak, (BLOCK_H, BLOCK_K))
-            dtk = ct.reshape(ct.load(dt_out, (b, hb, c, k), shape=(1, BLOCK_H, 1, BLOCK_K)),
-                             (BLOCK_H, BLOCK_K))
-            # w_s = dt_s * 2^(a_last - a_s), per head; the exponent is <= 0 up to rounding:
-            # clamped
-            w = dtk * ct.exp2(ct.minimum(ct.reshape(a_last, (BLOCK_H, 1)) - ak, 0.0))
+            ak = ct.load(dA_cumsum, (b, h, c, k), shape=(1, 1, 1, BLOCK_K))
+            ak = ct.reshape(ak, (BLOCK_K, 1))
+            dtk = ct.reshape(ct.load(dt_out, (b, h, c, k), shape=(1, 1, 1, BLOCK_K)), (BLOCK_K, 1))
+            # w_s = dt_s * 2^(a_last - a_s); the exponent is <= 0 up to rounding: clamped
+            w = dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))  # [BLOCK_K, 1]
             if HAS_SEQ_IDX:
                 sk = ct.load(seg, (b, tb), shape=(1, BLOCK_K), padding_mode=ct.PaddingMode.ZERO)
-                w = ct.where(sk == seg_last, w, 0.0)
-            # the weight goes onto x (per head), so B is one operand shared by the heads
-            xw = xk * ct.reshape(ct.transpose(w), (BLOCK_K, BLOCK_H, 1))
-            xw = ct.transpose(ct.reshape(xw, (BLOCK_K, ROWS)))  # [ROWS, BLOCK_K]
-            # [ROWS, BLOCK_K] @ [BLOCK_K, BLOCK_N], TF32 operands, fp32 accumulator
-            acc = ct.mma(xw.astype(ct.tfloat32), Bk.astype(ct.tfloat32), acc)
+                w = ct.where(ct.reshape(sk, (BLOCK_K, 1)) == seg_last, w, 0.0)
+            # [BLOCK_P, BLOCK_K] @ [BLOCK_K, BLOCK_N], TF32 operands, fp32 accumulator
+            acc = ct.mma(ct.transpose(xk).astype(ct.tfloat32), (Bk * w).astype(ct.tfloat32), acc)
         S = acc
-    ct.store(final_states, (b, hb, pb, nb), ct.reshape(S, (1, BLOCK_H, BLOCK_P, BLOCK_N)))
+    ct.store(final_states, (b, h, pb, nb), ct.reshape(S, (1, 1, BLOCK_P, BLOCK_N)))
 
 
 def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states, final_states):
@@ -105,17 +90,15 @@ def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_st
     (batch, seqlen) int32 segment ids, or None.
     """
     batch, _, nheads, headdim = (int(s) for s in x.shape)
-    ngroups, dstate = int(B.shape[2]), int(B.shape[3])
+    dstate = int(B.shape[3])
     chunk_size = int(dt_out.shape[3])
     block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
     block_n = pow2_tile(dstate, lo=MMA_MIN, hi=MAX_BLOCK_N)
     block_k = min(chunk_size, MAX_BLOCK_K)
-    block_h = heads_per_program(nheads, ngroups, MAX_BLOCK_H, MAX_STATE_ROWS // block_p)
-    grid = (-(-headdim // block_p) * -(-dstate // block_n), nheads // block_h, batch)
+    grid = (-(-headdim // block_p) * -(-dstate // block_n), nheads, batch)
     args = (x, B, dt_out, dA_cumsum, x if initial_states is None else initial_states,
             dt_out if seg is None else seg, chunk_states, final_states,
-            chunk_size, block_k, block_h, block_p, block_n, initial_states is not None,
-            seg is not None)
+            chunk_size, block_k, block_p, block_n, initial_states is not None, seg is not None)
     return grid, args
 
 
