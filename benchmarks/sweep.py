@@ -105,10 +105,10 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None):
     Q = config[-1]
     stream = cupy.cuda.get_current_stream()
     dt_out, dA_cumsum = kernels.chunk_cumsum(inp["dt"], inp["A"], Q)
-    from kernels.chunk_cumsum import _chunk_cumsum_kernel, chunk_cumsum_launch
-    grid, args = chunk_cumsum_launch(inp["dt"], inp["A"], None, cupy.empty_like(dt_out),
-                                     cupy.empty_like(dA_cumsum), False, (0.0, math.inf))
-    ms = gpu_time(lambda: ct.launch(stream, grid, _chunk_cumsum_kernel, args), reps, flush)
+    from kernels.chunk_cumsum import chunk_cumsum_launch
+    kernel, grid, args = chunk_cumsum_launch(inp["dt"], inp["A"], None, cupy.empty_like(dt_out),
+                                             cupy.empty_like(dA_cumsum), False, (0.0, math.inf))
+    ms = gpu_time(lambda: ct.launch(stream, grid, kernel, args), reps, flush)
     results.append(dict(row=name, kernel="chunk_cumsum", variant="default", ms=ms, rel=0.0,
                         compile_s=0.0))
     print(f"{name:12s} chunk_cumsum   default          {ms:8.4f} ms", flush=True)
@@ -122,22 +122,21 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None):
             if only and tag not in only and tag != variants[0][0]:
                 continue
             mod = load_variant(module, constants, edits, tmpdir, tag)
-            kernel = getattr(mod, f"_{module}_kernel")
-            if hints:
-                kernel = kernel.replace_hints(**hints)
             if module == "fwd_pass_state":
                 out = (cupy.full(chunk_states.shape, math.nan, cupy.float32),
                        cupy.full(chunk_states.shape[:1] + chunk_states.shape[2:], math.nan,
                                  cupy.float32))
-                grid, args = mod.fwd_pass_state_launch(inp["x"], inp["B"], dt_out, dA_cumsum,
-                                                       None, None, *out)
+                kernel, grid, args = mod.fwd_pass_state_launch(
+                    inp["x"], inp["B"], dt_out, dA_cumsum, None, None, *out)
                 check = out[0]
             else:
                 out = cupy.full(inp["x"].shape, math.nan, cupy.float32)
-                grid, args = mod.compute_out_launch(inp["x"], inp["B"], inp["C"], dt_out,
-                                                    dA_cumsum, chunk_states, inp["D"], None,
-                                                    None, out)
+                kernel, grid, args = mod.compute_out_launch(
+                    inp["x"], inp["B"], inp["C"], dt_out, dA_cumsum, chunk_states, inp["D"],
+                    None, None, out)
                 check = out
+            if hints:
+                kernel = kernel.replace_hints(**hints)
             t0 = time.perf_counter()
             try:
                 ct.launch(stream, grid, kernel, args)

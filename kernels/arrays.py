@@ -120,7 +120,7 @@ class Backend:
         zero = xp.zeros((seq_idx.shape[0], 1), dtype=xp.int32)
         return xp.ascontiguousarray(xp.concatenate([zero, counts], axis=1))
 
-    def launch(self, grid: tuple[int, int, int], kernel, args: tuple):
+    def launch(self, kernel, grid: tuple[int, int, int], args: tuple):
         """Run `kernel` over `grid`: on the interpreter for NumPy, else on the current stream."""
         if self.kind == "numpy":
             from kernels import interpreter

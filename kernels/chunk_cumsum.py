@@ -60,7 +60,7 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.Indexed
 
 
 def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit):
-    """(grid, kernel args) of _chunk_cumsum_kernel: the one place its tiles are chosen.
+    """(kernel, grid, kernel args) of _chunk_cumsum_kernel: the one place its tiles are chosen.
 
     Reads only shapes, so the compile gate derives its signatures from here too.
     """
@@ -71,7 +71,7 @@ def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit
     grid = (nchunks, -(-nheads // block_h), batch)
     args = (dt, A, A if dt_bias is None else dt_bias, dt_out, dA_cumsum,
             chunk_size, block_h, dt_bias is not None, bool(dt_softplus), float(lo), float(hi))
-    return grid, args
+    return _chunk_cumsum_kernel, grid, args
 
 
 def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf),
@@ -89,6 +89,5 @@ def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0
     dims = Dims(batch, seqlen, nheads, 1, 1, 1, chunk_size)
     dt_out = backend.empty(dims.shape("dt_out"))
     dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
-    grid, args = chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit)
-    backend.launch(grid, _chunk_cumsum_kernel, args)
+    backend.launch(*chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit))
     return dt_out, dA_cumsum

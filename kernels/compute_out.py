@@ -20,6 +20,10 @@ TILE_ELEMENTS = 8192
 # Mamba-2 2.7B row, 1.55 -> 1.00 at chunk 64, 1.13 -> 0.63 with 8 groups (the compiler's
 # automatic choice left the loads' latency exposed).
 OCCUPANCY = 2
+# With dstate <= SMALL_DSTATE the programs are small enough for four per SM: 0.63 -> 0.55 ms on
+# the 8-group row (dstate 64); with dstate 128 four were slower (0.99 -> 1.30 at chunk 64).
+SMALL_DSTATE = 64
+SMALL_DSTATE_OCCUPANCY = 4
 
 
 @ct.kernel(occupancy=OCCUPANCY)
@@ -110,8 +114,13 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     ct.store(y, (b, tb, h, pb), ct.reshape(acc, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
 
 
+_compute_out_kernel_small_dstate = _compute_out_kernel.replace_hints(
+    occupancy=SMALL_DSTATE_OCCUPANCY)
+
+
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
-    """(grid, kernel args) of _compute_out_kernel: the one place its tiles are chosen.
+    """(kernel, grid, kernel args) of _compute_out_kernel: the one place its tiles and hints are
+    chosen.
 
     Reads only shapes, so the compile gate derives its signatures from here too. `seg` is the
     (batch, seqlen) int32 segment ids, or None.
@@ -127,7 +136,9 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
             chunk_size, block_t, block_p, dstate_tile,
             D is not None, D is not None and len(D.shape) == 2, z is not None, seg is not None)
-    return grid, args
+    kernel = (_compute_out_kernel_small_dstate if dstate_tile <= SMALL_DSTATE
+              else _compute_out_kernel)
+    return kernel, grid, args
 
 
 def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_idx=None, *,
@@ -147,6 +158,5 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     D, z = backend.contiguous_float32(D), backend.contiguous(z)
     seg = backend.segment_ids(seq_idx)
     y = backend.empty(dims.shape("y"), like=x)
-    grid, args = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y)
-    backend.launch(grid, _compute_out_kernel, args)
+    backend.launch(*compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y))
     return y

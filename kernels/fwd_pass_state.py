@@ -16,6 +16,12 @@ from kernels.arrays import MMA_MIN, backend_of, check_grid, pow2_tile
 MAX_BLOCK_P = 64
 MAX_BLOCK_N = 128
 MAX_BLOCK_K = 64
+# Occupancy by chunk size (H200 sweep, benchmarks/NOTES.md): two programs per SM pay at
+# chunk_size <= SHORT_CHUNK (0.78 -> 0.555 ms on the chunk-64 row, 0.267 -> 0.236 on the 8-group
+# chunk-128 row) and cost at chunk 256 (0.46 -> 0.59 ms on the 2.7B row, 0.61 -> 1.08 at 16k
+# tokens), where the compiler's own choice stays.
+SHORT_CHUNK = 128
+SHORT_CHUNK_OCCUPANCY = 2
 
 
 @ct.kernel
@@ -83,8 +89,13 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
     ct.store(final_states, (b, h, pb, nb), ct.reshape(S, (1, 1, BLOCK_P, BLOCK_N)))
 
 
+_fwd_pass_state_kernel_short_chunks = _fwd_pass_state_kernel.replace_hints(
+    occupancy=SHORT_CHUNK_OCCUPANCY)
+
+
 def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states, final_states):
-    """(grid, kernel args) of _fwd_pass_state_kernel: the one place its tiles are chosen.
+    """(kernel, grid, kernel args) of _fwd_pass_state_kernel: the one place its tiles and hints
+    are chosen.
 
     Reads only shapes, so the compile gate derives its signatures from here too. `seg` is the
     (batch, seqlen) int32 segment ids, or None.
@@ -99,7 +110,9 @@ def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_st
     args = (x, B, dt_out, dA_cumsum, x if initial_states is None else initial_states,
             dt_out if seg is None else seg, chunk_states, final_states,
             chunk_size, block_k, block_p, block_n, initial_states is not None, seg is not None)
-    return grid, args
+    kernel = (_fwd_pass_state_kernel_short_chunks if chunk_size <= SHORT_CHUNK
+              else _fwd_pass_state_kernel)
+    return kernel, grid, args
 
 
 def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None):
@@ -118,7 +131,6 @@ def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None):
     seg = backend.segment_ids(seq_idx)
     chunk_states = backend.empty(dims.shape("chunk_states"))
     final_states = backend.empty(dims.shape("final_states"))
-    grid, args = fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg,
-                                       chunk_states, final_states)
-    backend.launch(grid, _fwd_pass_state_kernel, args)
+    backend.launch(*fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg,
+                                          chunk_states, final_states))
     return chunk_states, final_states

@@ -7,9 +7,9 @@ import math
 
 from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args
 from kernels.arrays import backend_of, check_grid
-from kernels.chunk_cumsum import _chunk_cumsum_kernel, chunk_cumsum_launch
-from kernels.compute_out import _compute_out_kernel, compute_out_launch
-from kernels.fwd_pass_state import _fwd_pass_state_kernel, fwd_pass_state_launch
+from kernels.chunk_cumsum import chunk_cumsum_launch
+from kernels.compute_out import compute_out_launch
+from kernels.fwd_pass_state import fwd_pass_state_launch
 
 
 def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -48,7 +48,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     for kernel, grid, args in forward_launches(
             x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
             dt_out, dA_cumsum, chunk_states, final_states, y):
-        backend.launch(grid, kernel, args)
+        backend.launch(kernel, grid, args)
     return (y, final_states) if return_final_states else y
 
 
@@ -63,10 +63,8 @@ def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_soft
     3. compute_out: y
     """
     return [
-        (_chunk_cumsum_kernel, *chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum,
-                                                    dt_softplus, dt_limit)),
-        (_fwd_pass_state_kernel, *fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states,
-                                                        seg, chunk_states, final_states)),
-        (_compute_out_kernel, *compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z,
-                                                  seg, y)),
+        chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit),
+        fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
+                              final_states),
+        compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y),
     ]
