@@ -31,23 +31,27 @@ from benchmarks.configs import ANCHORS, row_inputs
 REPO = Path(__file__).resolve().parents[1]
 
 # (name, module constants, textual edits [(old, new, count)], compiler hints); the first of each
-# list is the code as committed (its output is the reference of the others)
+# list is the code as committed (its output is the reference of the others). Hints replace the
+# ones of the kernel object the launcher chose for the row's shape; a variant without an occ
+# suffix keeps the launcher's occupancy; SHORT_CHUNK / SMALL_DSTATE 0 never pick the other object.
 LOOP_LAT = 'padding_mode=ct.PaddingMode.ZERO)'
 NO_TMA = 'padding_mode=ct.PaddingMode.ZERO, allow_tma=False)'
 T128 = {"MAX_BLOCK_T": 128, "TILE_ELEMENTS": 16384}
 COMPUTE_OUT_VARIANTS = [
-    ("T64_occ2", {}, [], {}),
+    ("launcher", {}, [], {}),
+    ("T64_occ2_always", {"SMALL_DSTATE": 0}, [], {}),
+    ("T64_occ1", {}, [], {"occupancy": 1}),
     ("T64_occ3", {}, [], {"occupancy": 3}),
     ("T64_occ4", {}, [], {"occupancy": 4}),
     ("T32_occ4", {"MAX_BLOCK_T": 32}, [], {"occupancy": 4}),
-    ("T128_occ2", T128, [], {}),
-    ("T64_occ1", {}, [], {"occupancy": 1}),
-    ("T64_occ2_w4", {}, [], {"num_worker_warps": 4}),
-    ("T64_occ2_w8", {}, [], {"num_worker_warps": 8}),
-    ("T64_occ2_notma", {}, [(LOOP_LAT, NO_TMA, None)], {}),
+    ("T128_occ2", T128, [], {"occupancy": 2}),
+    ("T64_occ2_w4", {}, [], {"occupancy": 2, "num_worker_warps": 4}),
+    ("T64_occ2_w8", {}, [], {"occupancy": 2, "num_worker_warps": 8}),
+    ("T64_occ2_notma", {}, [(LOOP_LAT, NO_TMA, None)], {"occupancy": 2}),
 ]
 FWD_PASS_STATE_VARIANTS = [
-    ("P64N128K64", {}, [], {}),
+    ("launcher", {}, [], {}),
+    ("P64N128K64_auto", {"SHORT_CHUNK": 0}, [], {}),
     ("P64N128K128", {"MAX_BLOCK_K": 128}, [], {}),
     ("P32N128K64", {"MAX_BLOCK_P": 32}, [], {}),
     ("P64N128K64_occ1", {}, [], {"occupancy": 1}),

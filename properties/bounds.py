@@ -188,6 +188,24 @@ def narrow_output_bound(y_ref, fp32_bound, dtype: str):
     return fp32_bound + U_NARROW[dtype] * (np.abs(y_ref) + fp32_bound) + NARROW_FLOOR[dtype]
 
 
+# A comparator with narrow inputs (the benchmarks' side-by-side mamba_ssm) need not compute in
+# float32: mamba_ssm rounds its decayed weights C B^T o L * dt and its chunk states to the input
+# dtype before the products that use them, and returns the final states in that dtype. Its path
+# then has the same roundings as ours, each of unit u_n = u_narrow instead of u, and the final
+# states one store rounding more. The float32 bound is first order, sum |d_r| * M; with k
+# roundings of |d| <= u_n the exact factor is (1 + u_n)^k - 1 <= k u_n (1 + k u_n) for
+# k u_n <= 1, so the float32 bound scaled by (u_n / u) (1 + KAPPA u_n) covers the comparator.
+# The cuTile kernels never get this bound: they compute in float32 whatever the input dtype.
+def comparator_narrow_bounds(y_ref, final_ref, fp32_y_bound, fp32_final_bound, dtype: str):
+    """(y bound, final_states bound) for a side-by-side implementation with `dtype` inputs that
+    keeps its intermediates in that dtype (see above); float32: the float32 bounds."""
+    if dtype == "float32":
+        return fp32_y_bound, fp32_final_bound
+    scale = U_NARROW[dtype] / U_TF32 * (1.0 + KAPPA * U_NARROW[dtype])
+    return (narrow_output_bound(y_ref, scale * fp32_y_bound, dtype),
+            narrow_output_bound(final_ref, scale * fp32_final_bound, dtype))
+
+
 def ftz_floor(seqlen: int, dstate: int, *factor_maxima: float) -> float:
     """Absolute allowance for intermediates flushed to zero (see the derivation)."""
     growth = math.prod(1.0 + float(f) for f in factor_maxima)

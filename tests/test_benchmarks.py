@@ -11,7 +11,8 @@ times; L2 flushed before every round; compilation and autotuning in untimed warm
 Before timing, every implementation is checked once on a reduced problem of the same row (batch 1,
 the first 1024 tokens, at most two heads per group; same headdim, dstate, ngroups, chunk_size)
 against the float64 reference, element by element, within the bounds the property suite uses
-(properties.checks.forward_bounds, from properties/bounds.py).
+(properties.checks.forward_bounds, from properties/bounds.py); a comparator with bf16 inputs
+within the same bound of unit u_bf16 (properties.bounds.comparator_narrow_bounds).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ REDUCED_HEADS_PER_GROUP = 2
 IMPLS = ("mamba_ssm", "torch", "cutile")  # per row in this order: mamba_ssm's median is known
 KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")  # timed after the row's ssd_forward
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+# the names under which the cuTile forward and its kernels (composed) are checked
+CUTILE_IMPLS = ("cutile", "cutile kernels")
 
 
 def _cases():
@@ -146,18 +149,16 @@ class Row:
         }
 
     def bounds(self, impl):
-        """(y bound, final_states bound) of `impl` on the reduced problem. The cuTile kernels
-        compute in float32 with TF32 products whatever the input dtype: the TF32 bound, y's
-        widened by its store in the narrow dtype (narrow_output_bound). A comparator with narrow
-        inputs (mamba_ssm) may also round its intermediates (C B^T, the chunk states, the
-        decayed weights) to the input dtype: the same roundings, each of unit u_narrow instead
-        of u, so its bound is the TF32 one scaled by u_narrow / u."""
-        from properties.bounds import U_NARROW, U_TF32, narrow_output_bound
-        scale = 1.0
-        if impl not in ("cutile", "cutile kernels") and self.dtype != "float32":
-            scale = U_NARROW[self.dtype] / U_TF32
-        y = narrow_output_bound(self.y_ref, scale * self.expected.y, self.dtype)
-        return y, scale * self.expected.final
+        """(y bound, final_states bound) of `impl` on the reduced problem: for the cuTile
+        kernels (float32 arithmetic whatever the input dtype) the TF32 bound, y's widened by its
+        store in the row's dtype; for a comparator, properties.bounds.comparator_narrow_bounds
+        (the same in float32; with narrow inputs its intermediates may be narrow too)."""
+        from properties.bounds import comparator_narrow_bounds, narrow_output_bound
+        if impl in CUTILE_IMPLS:
+            return (narrow_output_bound(self.y_ref, self.expected.y, self.dtype),
+                    self.expected.final)
+        return comparator_narrow_bounds(self.y_ref, self.final_ref, self.expected.y,
+                                        self.expected.final, self.dtype)
 
     def check(self, impl, forward) -> str | None:
         """Once per implementation: run forward(**reduced) -> (y, final_states) and compare it
@@ -219,11 +220,11 @@ def _cutile(row, op):
                 return f(**inputs)
         return call
 
-    failure = row.check("cutile", nan_filled(forward))
+    failure = row.check(CUTILE_IMPLS[0], nan_filled(forward))
     f = row.full
     if op == "ssd_forward":
         return failure, lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])
-    failure = row.check("cutile kernels", nan_filled(pipeline))
+    failure = row.check(CUTILE_IMPLS[1], nan_filled(pipeline))
     if op == "chunk_cumsum":
         return failure, lambda: kernels.chunk_cumsum(f["dt"], f["A"], Q)
     dt_out, dA_cumsum = kernels.chunk_cumsum(f["dt"], f["A"], Q)
