@@ -106,7 +106,7 @@ KERNEL_NAMES = {id(obj): name for name, obj in KERNELS.items()}
 
 
 def specializations() -> dict:
-    """{kernel name: (kernel, [signatures])}, each distinct specialization once."""
+    """{kernel name: (kernel, [launch args])}, each distinct specialization once."""
     found = {}
     for config, dims, opts in CONFIGS:
         for kernel, _, args in config_launches(dims, opts):
@@ -118,8 +118,7 @@ def specializations() -> dict:
                         for a in args)
             entry = found.setdefault(name, (kernel, {}))
             entry[1].setdefault(key, args)
-    return {name: (kernel, [signature(kernel, a) for a in by_key.values()])
-            for name, (kernel, by_key) in found.items()}
+    return {name: (kernel, list(by_key.values())) for name, (kernel, by_key) in found.items()}
 
 
 SPECIALIZATIONS = specializations()
@@ -133,12 +132,12 @@ def test_every_kernel_object_is_compiled_with_every_option():
         f"{sorted(set(KERNELS) - set(SPECIALIZATIONS))}")
     # ... and each one with every boolean specialization (an option) both off and on
     seen = {}  # (kernel name, parameter) -> the values it was compiled with
-    for _, dims, opts in CONFIGS:
-        for kernel, _, args in config_launches(dims, opts):
-            params = inspect.signature(kernel._pyfunc).parameters
+    for name, (kernel, arg_lists) in SPECIALIZATIONS.items():
+        params = inspect.signature(kernel._pyfunc).parameters
+        for args in arg_lists:
             for param, arg in zip(params, args, strict=True):
                 if isinstance(arg, bool):
-                    seen.setdefault((KERNEL_NAMES[id(kernel)], param), set()).add(arg)
+                    seen.setdefault((name, param), set()).add(arg)
     assert seen, "no boolean specialization found"
     for (name, param), values in seen.items():
         assert values == {False, True}, f"{name}: {param} only compiled as {values}"
@@ -148,7 +147,8 @@ def test_every_kernel_object_is_compiled_with_every_option():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", sorted(SPECIALIZATIONS))
 def test_kernel_compiles_to_cubin(name, arch):
-    kernel, signatures = SPECIALIZATIONS[name]
+    kernel, arg_lists = SPECIALIZATIONS[name]
     out = io.BytesIO()
-    export_kernel(kernel, signatures, out, gpu_code=arch, output_format="cubin")
+    export_kernel(kernel, [signature(kernel, args) for args in arg_lists], out, gpu_code=arch,
+                  output_format="cubin")
     assert out.getvalue()[:4] == b"\x7fELF"
