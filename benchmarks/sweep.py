@@ -2,6 +2,13 @@
 
     python -m benchmarks.sweep [--rows mamba2_2p7b,chunk_64] [--reps 20] [--json out.json]
     python -m benchmarks.sweep --forward [--rows ...]
+    python -m benchmarks.sweep --ablate [--rows ...]
+    python -m benchmarks.sweep --candidate compute_out=path/to/compute_out.py [--only launcher]
+
+--ablate times variants that leave one stage of a kernel out (wrong results by design, `rel`
+says how wrong): the differences place the time inside the kernel without hardware counters.
+--candidate times another source file of a kernel module (same launcher interface) beside the
+committed one, e.g. a rewrite under review; its output is compared with the committed kernel's.
 
 --forward times ssd_forward itself (D, final states) with check_values=True (the default: A, D
 read on the host, a synchronisation inside the timed span) and check_values=False, same method.
@@ -33,39 +40,60 @@ REPO = Path(__file__).resolve().parents[1]
 # (name, module constants, textual edits [(old, new, count)], compiler hints); the first of each
 # list is the code as committed (its output is the reference of the others). Hints replace the
 # ones of the kernel object the launcher chose for the row's shape; a variant without an occ
-# suffix keeps the launcher's occupancy; SHORT_CHUNK / SMALL_DSTATE 0 never pick the other object.
-LOOP_LAT = 'padding_mode=ct.PaddingMode.ZERO)'
-NO_TMA = 'padding_mode=ct.PaddingMode.ZERO, allow_tma=False)'
+# suffix keeps the launcher's occupancy.
 T128 = {"MAX_BLOCK_T": 128, "TILE_ELEMENTS": 16384}
+# int64 indexing: the kernel object for arrays of 2^31 elements or more, timed on the usual sizes
+INT64 = {"needs_int64": lambda *arrays: True}
 COMPUTE_OUT_VARIANTS = [
     ("launcher", {}, [], {}),
-    ("T64_occ2_always", {"SMALL_DSTATE": 0}, [], {}),
-    ("T64_occ1", {}, [], {"occupancy": 1}),
-    ("T64_occ3", {}, [], {"occupancy": 3}),
-    ("T64_occ4", {}, [], {"occupancy": 4}),
-    ("T32_occ4", {"MAX_BLOCK_T": 32}, [], {"occupancy": 4}),
+    ("int64", INT64, [], {}),
+    ("occ1", {}, [], {"occupancy": 1}),
+    ("occ2", {}, [], {"occupancy": 2}),
+    ("occ3", {}, [], {"occupancy": 3}),
+    ("occ4", {}, [], {"occupancy": 4}),
+    ("w8", {}, [], {"num_worker_warps": 8}),
+    ("T128_occ1", T128, [], {"occupancy": 1}),
     ("T128_occ2", T128, [], {"occupancy": 2}),
-    ("T64_occ2_w4", {}, [], {"occupancy": 2, "num_worker_warps": 4}),
-    ("T64_occ2_w8", {}, [], {"occupancy": 2, "num_worker_warps": 8}),
-    ("T64_occ2_notma", {}, [(LOOP_LAT, NO_TMA, None)], {"occupancy": 2}),
 ]
 FWD_PASS_STATE_VARIANTS = [
     ("launcher", {}, [], {}),
-    ("P64N128K64_auto", {"SHORT_CHUNK": 0}, [], {}),
-    ("P64N128K128", {"MAX_BLOCK_K": 128}, [], {}),
-    ("P32N128K64", {"MAX_BLOCK_P": 32}, [], {}),
-    ("P64N128K64_occ1", {}, [], {"occupancy": 1}),
-    ("P64N128K64_occ2", {}, [], {"occupancy": 2}),
-    ("P64N64K64", {"MAX_BLOCK_N": 64}, [], {}),
-    ("P64N128K64_notma", {}, [(LOOP_LAT, NO_TMA, None)], {}),
+    ("int64", INT64, [], {}),
+    ("occ1", {}, [], {"occupancy": 1}),
+    ("occ2", {}, [], {"occupancy": 2}),
+    ("K128", {"MAX_BLOCK_K": 128}, [], {}),
+    ("K128_occ1", {"MAX_BLOCK_K": 128}, [], {"occupancy": 1}),
+    ("K128_occ2", {"MAX_BLOCK_K": 128}, [], {"occupancy": 2}),
+    ("N64", {"MAX_BLOCK_N": 64}, [], {}),
+    ("N64_occ2", {"MAX_BLOCK_N": 64}, [], {"occupancy": 2}),
+]
+# Ablations: (name, textual edits) that leave one stage out, timed beside the committed kernel.
+# compute_out: the intra-chunk loop (whole / diagonal block only), its exp2, its second product,
+# the carried-state product. fwd_pass_state: the chunk_states store, the exp2 of the weights.
+COMPUTE_OUT_ABLATIONS = [
+    ("abl_no_intra", [("for j in range(i + 1):", "for j in range(0):", 1)]),
+    ("abl_diag_only", [("for j in range(i + 1):", "for j in range(i, i + 1):", 1)]),
+    ("abl_no_exp2", [("ct.exp2(ct.minimum(a_t - a_s, 0.0))", "ct.minimum(a_t - a_s, 0.0)", 1)]),
+    ("abl_no_x_mma", [("acc = ct.mma((cb * L * dt_s).astype(ct.tfloat32), xs, acc)",
+                       "acc = acc + cb * L * dt_s * xs.astype(ct.float32)", 1)]),
+    ("abl_no_state_mma", [("acc = ct.mma(Ct, S, ct.zeros((BLOCK_T, BLOCK_P), dtype=ct.float32))",
+                           "acc = ct.zeros((BLOCK_T, BLOCK_P), dtype=ct.float32)", 1)]),
+]
+FWD_PASS_STATE_ABLATIONS = [
+    ("abl_no_chunk_store",
+     [("ct.store(chunk_states, (b, c, h, pb, nb), ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)))",
+       "pass", 1)]),
+    ("abl_no_exp2", [("dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))",
+                      "dtk * ct.minimum(a_last - ak, 0.0)", 1)]),
 ]
 # rows whose kernel specializations differ: chunk 256 / dstate 128, chunk 64, chunk 128 / dstate 64
 DEFAULT_ROWS = ("mamba2_2p7b", "chunk_64", "groups_8")
 
 
-def load_variant(module: str, constants: dict, edits: list, tmpdir: Path, tag: str):
-    """The kernel module `kernels/<module>.py` with edits and constants applied, loaded anew."""
-    src = (REPO / "kernels" / f"{module}.py").read_text()
+def load_variant(module: str, constants: dict, edits: list, tmpdir: Path, tag: str,
+                 source: Path | None = None):
+    """The kernel module `kernels/<module>.py` (or `source`) with edits and constants applied,
+    loaded anew."""
+    src = (source or REPO / "kernels" / f"{module}.py").read_text()
     for old, new, count in edits:
         n = src.count(old)
         if n == 0 or (count is not None and n != count):
@@ -100,7 +128,24 @@ def gpu_time(launch, reps: int, flush) -> float:
     return times[len(times) // 2]
 
 
-def sweep_row(name, reps, flush, tmpdir, results, only=None):
+def variant_lists(ablate: bool, candidates: dict) -> tuple:
+    """((module, [(tag, constants, edits, hints, source)]), ...): the tile / hint variants, or the
+    committed kernel and its ablations; each candidate file after the committed kernel."""
+    lists = []
+    for module, variants, ablations in (
+            ("fwd_pass_state", FWD_PASS_STATE_VARIANTS, FWD_PASS_STATE_ABLATIONS),
+            ("compute_out", COMPUTE_OUT_VARIANTS, COMPUTE_OUT_ABLATIONS)):
+        entries = [(*v, None) for v in variants]
+        if ablate:
+            entries = entries[:1] + [(tag, {}, edits, {}, None) for tag, edits in ablations]
+        if module in candidates:
+            path = Path(candidates[module])
+            entries.insert(1, (f"file:{path.stem}", {}, [], {}, path))
+        lists.append((module, entries))
+    return tuple(lists)
+
+
+def sweep_row(name, reps, flush, tmpdir, results, only=None, lists=()):
     import cupy
     import cuda.tile as ct
     import kernels
@@ -119,13 +164,12 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None):
     chunk_states, _ = kernels.fwd_pass_state(inp["x"], inp["B"], dt_out, dA_cumsum)
     cupy.cuda.runtime.deviceSynchronize()
 
-    for module, variants in (("fwd_pass_state", FWD_PASS_STATE_VARIANTS),
-                             ("compute_out", COMPUTE_OUT_VARIANTS)):
+    for module, variants in lists:
         ref = None
-        for tag, constants, edits, hints in variants:
-            if only and tag not in only and tag != variants[0][0]:
+        for tag, constants, edits, hints, source in variants:
+            if only and tag not in only and tag != variants[0][0] and source is None:
                 continue
-            mod = load_variant(module, constants, edits, tmpdir, tag)
+            mod = load_variant(module, constants, edits, tmpdir, tag.replace(":", "_"), source)
             if module == "fwd_pass_state":
                 out = (cupy.full(chunk_states.shape, math.nan, cupy.float32),
                        cupy.full(chunk_states.shape[:1] + chunk_states.shape[2:], math.nan,
@@ -185,8 +229,17 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--only", default="", help="comma-separated variant tags (plus the default)")
     p.add_argument("--forward", action="store_true", help="time ssd_forward, checks on / off")
+    p.add_argument("--ablate", action="store_true",
+                   help="the committed kernels and their ablations instead of the variants")
+    p.add_argument("--candidate", action="append", default=[], metavar="MODULE=FILE",
+                   help="time FILE, a rewrite of kernels/MODULE.py, beside the committed one")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    candidates = dict(c.split("=", 1) for c in a.candidate)
+    unknown = set(candidates) - {"compute_out", "fwd_pass_state"}
+    if unknown:
+        p.error(f"--candidate: no kernel module {sorted(unknown)}")
+    lists = variant_lists(a.ablate, candidates)
     from benchmarks.timing import cupy_flush
     flush = cupy_flush()
     results: list = []
@@ -196,7 +249,7 @@ def main(argv=None):
             if a.forward:
                 time_forward(name, a.reps, flush, results)
             else:
-                sweep_row(name, a.reps, flush, Path(d), results, only)
+                sweep_row(name, a.reps, flush, Path(d), results, only, lists)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
 

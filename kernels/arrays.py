@@ -10,6 +10,9 @@ by the launchers once, whatever the backend: this module only moves arrays and l
 from __future__ import annotations
 
 import contextlib
+import math
+import types
+import typing
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,6 +160,39 @@ def backend_of(**arrays) -> Backend:
                             f"{where(first[1])} array: all arrays must be of one kind and device")
     return first[1]
 
+
+
+# Index width. The kernels' sources annotate their large arrays ct.IndexedWithInt64, so that
+# arrays of 2^31 elements or more are addressed correctly; with int32 indices instead, tileiras
+# loads the tiles with TMA and compiles compute_out in 128 registers instead of 255 (sm_90,
+# Mamba-2 2.7B row; benchmarks/NOTES.md). Each kernel is therefore compiled twice: from
+# `int32_indexed(f)` for the usual sizes and from `f` itself when an array reaches 2^31 elements.
+INT32_MAX = 2**31 - 1
+
+
+def _is_int64_indexed(hint) -> bool:
+    return any(getattr(meta, "index_dtype", None) is ct.int64
+               for meta in getattr(hint, "__metadata__", ()))
+
+
+def int32_indexed(kernel_function):
+    """A copy of the kernel function (same code, name and source) whose ct.IndexedWithInt64
+    arrays are indexed in int32: for arrays of fewer than 2^31 elements (`needs_int64`)."""
+    hints = typing.get_type_hints(kernel_function, include_extras=True)
+    f = types.FunctionType(kernel_function.__code__, kernel_function.__globals__,
+                           kernel_function.__name__, kernel_function.__defaults__,
+                           kernel_function.__closure__)
+    f.__module__, f.__qualname__ = kernel_function.__module__, kernel_function.__qualname__
+    f.__doc__ = kernel_function.__doc__
+    f.__annotations__ = {name: hint for name, hint in hints.items()
+                         if not _is_int64_indexed(hint)}
+    return f
+
+
+def needs_int64(*arrays) -> bool:
+    """Whether one of the (C-contiguous) arrays, None skipped, has 2^31 elements or more, so that
+    an element offset exceeds int32."""
+    return any(math.prod(int(n) for n in a.shape) > INT32_MAX for a in arrays if a is not None)
 
 
 # Smallest tile extent the launchers feed to ct.mma; smaller dimensions are zero padded up to it.

@@ -7,7 +7,7 @@ import math
 import cuda.tile as ct
 
 from contract import Dims, check_chunk_cumsum_args, check_dt_limit
-from kernels.arrays import backend_of, check_grid, pow2_tile
+from kernels.arrays import backend_of, check_grid, int32_indexed, needs_int64, pow2_tile
 
 LOG2E = 1.4426950408889634  # log2(e): dA_cumsum is in log2 units, later exponentials are exp2
 SOFTPLUS_THRESHOLD = 20.0  # softplus(v) = v above it (as mamba_ssm and the reference)
@@ -16,7 +16,6 @@ SOFTPLUS_THRESHOLD = 20.0  # softplus(v) = v above it (as mamba_ssm and the refe
 MAX_BLOCK_H = 16
 
 
-@ct.kernel
 def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.IndexedWithInt64,
                          dA_cumsum: ct.IndexedWithInt64,
                          CHUNK: ct.Constant[int], BLOCK_H: ct.Constant[int],
@@ -59,6 +58,11 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.Indexed
     ct.store(dA_cumsum, (b, hb, c, 0), ct.reshape(ct.transpose(dA), (1, BLOCK_H, 1, CHUNK)))
 
 
+# the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
+_chunk_cumsum = ct.kernel(int32_indexed(_chunk_cumsum_kernel))
+_chunk_cumsum_int64 = ct.kernel(_chunk_cumsum_kernel)
+
+
 def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit):
     """(kernel, grid, kernel args) of _chunk_cumsum_kernel: the one place its tiles are chosen.
 
@@ -71,7 +75,8 @@ def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit
     grid = (nchunks, -(-nheads // block_h), batch)
     args = (dt, A, A if dt_bias is None else dt_bias, dt_out, dA_cumsum,
             chunk_size, block_h, dt_bias is not None, bool(dt_softplus), float(lo), float(hi))
-    return _chunk_cumsum_kernel, grid, args
+    kernel = _chunk_cumsum_int64 if needs_int64(dt, dt_out, dA_cumsum) else _chunk_cumsum
+    return kernel, grid, args
 
 
 def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_compute_out_args
-from kernels.arrays import MMA_MIN, backend_of, check_grid, pow2_tile
+from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, needs_int64,
+                           pow2_tile)
 from kernels.chunk_cumsum import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
 # Tile sizes (launcher-chosen constants, so performance work can tune them here): a program
@@ -16,17 +17,12 @@ from kernels.chunk_cumsum import LOG2E  # the z gate's sigmoid is taken with exp
 MAX_BLOCK_T = 64
 MAX_BLOCK_P = 64
 TILE_ELEMENTS = 8192
-# Two programs per SM: the H200 sweep (benchmarks/NOTES.md) measured 1.69 -> 1.39 ms on the
-# Mamba-2 2.7B row, 1.55 -> 1.00 at chunk 64, 1.13 -> 0.63 with 8 groups (the compiler's
-# automatic choice left the loads' latency exposed).
+# Two programs per SM: on the H200 (benchmarks/NOTES.md, run 7) one, three or four were slower
+# on every anchor row, e.g. 0.98 ms against 1.19 / 1.22 / 1.19 on the Mamba-2 2.7B row and
+# 0.38 against 0.56 / 0.39 / 0.45 on the 8-group row (dstate 64).
 OCCUPANCY = 2
-# With dstate <= SMALL_DSTATE the programs are small enough for four per SM: 0.63 -> 0.55 ms on
-# the 8-group row (dstate 64); with dstate 128 four were slower (0.99 -> 1.30 at chunk 64).
-SMALL_DSTATE = 64
-SMALL_DSTATE_OCCUPANCY = 4
 
 
-@ct.kernel(occupancy=OCCUPANCY)
 def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.IndexedWithInt64,
                         dt_out: ct.IndexedWithInt64, dA_cumsum: ct.IndexedWithInt64,
                         chunk_states: ct.IndexedWithInt64, D, z: ct.IndexedWithInt64,
@@ -48,74 +44,78 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     i = tb % T_PER_CHUNK  # the token block's position in its chunk
     g = h // (x.shape[2] // B.shape[2])  # the group head h reads
 
-    a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)), (BLOCK_T, 1))
+    # The program accumulates y^T, [BLOCK_P, BLOCK_T]: every product then takes x (transposed)
+    # or the state as its first operand and C^T, or the computed (C B^T o L)^T, as its second.
+    # On the H200 this order ran 1.19 -> 0.99 ms on the Mamba-2 2.7B row and 1.01 -> 0.67 at
+    # chunk 64 against y = ... with x second (benchmarks/NOTES.md, run 6).
+    a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))
     # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32 at
     # once (exact), so the arithmetic below is the same for every input dtype
     Ct = ct.load(C, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                  padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-    Ct = ct.reshape(Ct, (BLOCK_T, DSTATE)).astype(ct.tfloat32)
+    CtT = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE))).astype(ct.tfloat32)  # [DSTATE, BLOCK_T]
 
-    # carried-state term: 2^(a_t) * C_t . S_c^T
+    # carried-state term: 2^(a_t) * S_c . C_t^T
     S = ct.load(chunk_states, (b, c, h, pb, 0), shape=(1, 1, 1, BLOCK_P, DSTATE),
                 padding_mode=ct.PaddingMode.ZERO)
-    S = ct.transpose(ct.reshape(S, (BLOCK_P, DSTATE))).astype(ct.tfloat32)  # [DSTATE, BLOCK_P]
-    acc = ct.mma(Ct, S, ct.zeros((BLOCK_T, BLOCK_P), dtype=ct.float32))
-    decay_in = ct.exp2(ct.minimum(a_t, 0.0))  # [BLOCK_T, 1]; clamp: rounding must not make it > 1
+    S = ct.reshape(S, (BLOCK_P, DSTATE)).astype(ct.tfloat32)
+    acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))  # [BLOCK_P, BLOCK_T]
+    decay_in = ct.exp2(ct.minimum(a_t, 0.0))  # [1, BLOCK_T]; clamp: rounding must not make it > 1
     if HAS_SEQ_IDX:
         seg_t = ct.load(seg, (b, tb), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
-        seg_t = ct.reshape(seg_t, (BLOCK_T, 1))
         # the carried state belongs to the segment of the token before the chunk (chunk 0: 0)
         seg_before = ct.load(seg, (b, ct.maximum(c * CHUNK - 1, 0)), shape=(1, 1))
         decay_in = ct.where(seg_t == seg_before, decay_in, 0.0)
-    acc = acc * decay_in  # [BLOCK_T, BLOCK_P]
+    acc = acc * decay_in
 
-    # intra-chunk term: sum over s-blocks j <= i of (C_t . B_s^T o L) (dt_s x_s)
-    rows = ct.reshape(i * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))
+    # intra-chunk term: sum over s-blocks j <= i of (dt_s x_s)^T (C_t . B_s^T o L)^T
+    cols = ct.reshape(i * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
     for j in range(i + 1):
         sb = c * T_PER_CHUNK + j
         Bs = ct.load(B, (b, sb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                      padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-        # [DSTATE, BLOCK_T]
-        Bs = ct.transpose(ct.reshape(Bs, (BLOCK_T, DSTATE))).astype(ct.tfloat32)
-        cb = ct.mma(Ct, Bs, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [t, s]
-        a_s = ct.reshape(ct.load(dA_cumsum, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))
-        dt_s = ct.reshape(ct.load(dt_out, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))
-        cols = ct.reshape(j * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))
-        keep = rows >= cols  # causal: s <= t
+        Bs = ct.reshape(Bs, (BLOCK_T, DSTATE)).astype(ct.tfloat32)
+        cbT = ct.mma(Bs, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
+        a_s = ct.reshape(ct.load(dA_cumsum, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)), (BLOCK_T, 1))
+        dt_s = ct.reshape(ct.load(dt_out, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)), (BLOCK_T, 1))
+        rows = ct.reshape(j * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
+        keep = rows <= cols  # causal: s <= t
         if HAS_SEQ_IDX:
             seg_s = ct.load(seg, (b, sb), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
-            keep = keep & (seg_t == seg_s)
-        # L[t, s] = 2^(a_t - a_s): a select on a clamped exponent, so 2^(positive) is never
+            keep = keep & (ct.reshape(seg_s, (BLOCK_T, 1)) == seg_t)
+        # L^T[s, t] = 2^(a_t - a_s): a select on a clamped exponent, so 2^(positive) is never
         # formed above the diagonal and no inf * 0 can appear
-        L = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [BLOCK_T, BLOCK_T]
+        LT = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
         xs = ct.load(x, (b, sb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
                      padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-        xs = ct.reshape(xs, (BLOCK_T, BLOCK_P)).astype(ct.tfloat32)
-        acc = ct.mma((cb * L * dt_s).astype(ct.tfloat32), xs, acc)
+        xsT = ct.transpose(ct.reshape(xs, (BLOCK_T, BLOCK_P))).astype(ct.tfloat32)  # [P, s]
+        acc = ct.mma(xsT, (cbT * LT * dt_s).astype(ct.tfloat32), acc)
 
     if HAS_D:
         xt = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
                      padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
         if D_PER_HEADDIM:
             d = ct.load(D, (h, pb), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
+            d = ct.reshape(d, (BLOCK_P, 1))
         else:
-            d = ct.load(D, (h,), shape=(1,))
-            d = ct.reshape(d, (1, 1))
-        acc = acc + d * ct.reshape(xt, (BLOCK_T, BLOCK_P))
+            d = ct.reshape(ct.load(D, (h,), shape=(1,)), (1, 1))
+        acc = acc + d * ct.transpose(ct.reshape(xt, (BLOCK_T, BLOCK_P)))
     if HAS_Z:
         zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
                      padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-        zt = ct.reshape(zt, (BLOCK_T, BLOCK_P))
+        zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
         # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is inf
         # and the gate is -0, its limit
         acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
     # rows past seqlen and columns past headdim are masked by the store; y has x's dtype (one
     # rounding of the float32 result for narrow inputs)
-    ct.store(y, (b, tb, h, pb), ct.reshape(acc, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
+    yt = ct.transpose(acc)  # [BLOCK_T, BLOCK_P]
+    ct.store(y, (b, tb, h, pb), ct.reshape(yt, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
 
 
-_compute_out_kernel_small_dstate = _compute_out_kernel.replace_hints(
-    occupancy=SMALL_DSTATE_OCCUPANCY)
+# the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
+_compute_out = ct.kernel(int32_indexed(_compute_out_kernel), occupancy=OCCUPANCY)
+_compute_out_int64 = ct.kernel(_compute_out_kernel, occupancy=OCCUPANCY)
 
 
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
@@ -136,8 +136,7 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
             chunk_size, block_t, block_p, dstate_tile,
             D is not None, D is not None and len(D.shape) == 2, z is not None, seg is not None)
-    kernel = (_compute_out_kernel_small_dstate if dstate_tile <= SMALL_DSTATE
-              else _compute_out_kernel)
+    kernel = _compute_out_int64 if needs_int64(x, B, C, chunk_states, z, y) else _compute_out
     return kernel, grid, args
 
 

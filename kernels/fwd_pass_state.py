@@ -5,7 +5,8 @@ from __future__ import annotations
 import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args
-from kernels.arrays import MMA_MIN, backend_of, check_grid, pow2_tile
+from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, needs_int64,
+                           pow2_tile)
 
 # Tile sizes (launcher-chosen constants, so performance work can tune them here):
 # the state slice of one program is [BLOCK_P, BLOCK_N]; the chunk's tokens are consumed
@@ -24,7 +25,6 @@ SHORT_CHUNK = 128
 SHORT_CHUNK_OCCUPANCY = 2
 
 
-@ct.kernel
 def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                            dt_out: ct.IndexedWithInt64, dA_cumsum: ct.IndexedWithInt64,
                            initial_states: ct.IndexedWithInt64, seg: ct.IndexedWithInt64,
@@ -45,15 +45,19 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
     g = h // (x.shape[2] // B.shape[2])  # the group head h reads
     K_PER_CHUNK = CHUNK // BLOCK_K
 
+    # The program carries the transposed slice S^T, [BLOCK_N, BLOCK_P], so that the product
+    # takes B (transposed) first and the computed (w o X) second: on the H200 this order ran
+    # 0.465 -> 0.347 ms on the Mamba-2 2.7B row (benchmarks/NOTES.md, run 7).
     if HAS_INITIAL_STATES:
         S = ct.load(initial_states, (b, h, pb, nb), shape=(1, 1, BLOCK_P, BLOCK_N),
                     padding_mode=ct.PaddingMode.ZERO)
-        S = ct.reshape(S, (BLOCK_P, BLOCK_N))
+        S = ct.transpose(ct.reshape(S, (BLOCK_P, BLOCK_N)))
     else:
-        S = ct.zeros((BLOCK_P, BLOCK_N), dtype=ct.float32)
+        S = ct.zeros((BLOCK_N, BLOCK_P), dtype=ct.float32)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
     for c in range(nchunks):
-        ct.store(chunk_states, (b, c, h, pb, nb), ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)))
+        ct.store(chunk_states, (b, c, h, pb, nb),
+                 ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))
         # a_last: the decay over the whole chunk (flat over a short chunk's padding)
         a_last = ct.reshape(ct.load(dA_cumsum, (b, h, c, CHUNK - 1), shape=(1, 1, 1, 1)), (1, 1))
         carry = ct.exp2(ct.minimum(a_last, 0.0))  # clamp: rounding must not make it > 1
@@ -63,7 +67,7 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             seg_last = ct.load(seg, (b, last), shape=(1, 1))
             carry = ct.where(seg_last == seg_before, carry, 0.0)
             seg_before = seg_last
-        acc = S * carry  # [BLOCK_P, BLOCK_N]
+        acc = S * carry  # [BLOCK_N, BLOCK_P]
         # token blocks that hold real tokens (a block wholly past seqlen must not be loaded)
         k_blocks = ct.minimum(K_PER_CHUNK, ct.cdiv(seqlen - c * CHUNK, BLOCK_K))
         for k in range(k_blocks):
@@ -79,17 +83,21 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             ak = ct.reshape(ak, (BLOCK_K, 1))
             dtk = ct.reshape(ct.load(dt_out, (b, h, c, k), shape=(1, 1, 1, BLOCK_K)), (BLOCK_K, 1))
             # w_s = dt_s * 2^(a_last - a_s); the exponent is <= 0 up to rounding: clamped
-            w = dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))  # [BLOCK_K, 1]
+            w = dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))  # [BLOCK_K, 1], scales x's rows
             if HAS_SEQ_IDX:
                 sk = ct.load(seg, (b, tb), shape=(1, BLOCK_K), padding_mode=ct.PaddingMode.ZERO)
                 w = ct.where(ct.reshape(sk, (BLOCK_K, 1)) == seg_last, w, 0.0)
-            # [BLOCK_P, BLOCK_K] @ [BLOCK_K, BLOCK_N], TF32 operands, fp32 accumulator
-            acc = ct.mma(ct.transpose(xk).astype(ct.tfloat32), (Bk * w).astype(ct.tfloat32), acc)
+            # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_P], TF32 operands, fp32 accumulator
+            acc = ct.mma(ct.transpose(Bk).astype(ct.tfloat32), (xk * w).astype(ct.tfloat32), acc)
         S = acc
-    ct.store(final_states, (b, h, pb, nb), ct.reshape(S, (1, 1, BLOCK_P, BLOCK_N)))
+    ct.store(final_states, (b, h, pb, nb), ct.reshape(ct.transpose(S), (1, 1, BLOCK_P, BLOCK_N)))
 
 
-_fwd_pass_state_kernel_short_chunks = _fwd_pass_state_kernel.replace_hints(
+# the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64), occupancy by chunk size
+_fwd_pass_state = ct.kernel(int32_indexed(_fwd_pass_state_kernel))
+_fwd_pass_state_short_chunks = _fwd_pass_state.replace_hints(occupancy=SHORT_CHUNK_OCCUPANCY)
+_fwd_pass_state_int64 = ct.kernel(_fwd_pass_state_kernel)
+_fwd_pass_state_int64_short_chunks = _fwd_pass_state_int64.replace_hints(
     occupancy=SHORT_CHUNK_OCCUPANCY)
 
 
@@ -110,8 +118,10 @@ def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_st
     args = (x, B, dt_out, dA_cumsum, x if initial_states is None else initial_states,
             dt_out if seg is None else seg, chunk_states, final_states,
             chunk_size, block_k, block_p, block_n, initial_states is not None, seg is not None)
-    kernel = (_fwd_pass_state_kernel_short_chunks if chunk_size <= SHORT_CHUNK
-              else _fwd_pass_state_kernel)
+    kernel = {(False, False): _fwd_pass_state, (False, True): _fwd_pass_state_short_chunks,
+              (True, False): _fwd_pass_state_int64,
+              (True, True): _fwd_pass_state_int64_short_chunks}[
+        needs_int64(x, B, initial_states, chunk_states, final_states), chunk_size <= SHORT_CHUNK]
     return kernel, grid, args
 
 

@@ -36,25 +36,29 @@ class ArraySpec:
 # (id, dims, options): the Mamba-2 2.7B layout at chunk 256 and 64, every option at chunk 128 with
 # groups, odd headdim / dstate at chunk 16, the largest headdim / dstate at chunk 32; narrow
 # inputs (x, B, C, z and y in bfloat16 or float16): the 2.7B layout in bfloat16, every option in
-# float16.
+# float16; arrays of 2^31 elements or more (the int64-indexed kernel objects).
+ALL_OPTIONS = dict(D="channel", z=True, dt_bias=True, dt_softplus=True, initial_states=True,
+                   seq_idx=True, dt_limit=(0.001, 0.1))
 CONFIGS = [
     ("mamba2_2p7b_chunk256", Dims(4, 4096, 80, 64, 1, 128, 256), dict(D="head")),
     ("mamba2_2p7b_chunk64", Dims(4, 4096, 80, 64, 1, 128, 64), dict(D="head")),
-    ("all_options_chunk128", Dims(4, 4096, 64, 64, 8, 64, 128),
-     dict(D="channel", z=True, dt_bias=True, dt_softplus=True, initial_states=True, seq_idx=True,
-          dt_limit=(0.001, 0.1))),
+    ("all_options_chunk128", Dims(4, 4096, 64, 64, 8, 64, 128), ALL_OPTIONS),
     ("odd_dims_chunk16", Dims(1, 100, 4, 3, 1, 5, 16), dict()),
     ("dims_256_chunk32", Dims(1, 1000, 2, 256, 1, 256, 32), dict(initial_states=True)),
     ("mamba2_2p7b_chunk256_bf16", Dims(4, 4096, 80, 64, 1, 128, 256),
      dict(D="head", dtype="bfloat16")),
     ("all_options_chunk128_fp16", Dims(4, 4096, 64, 64, 8, 64, 128),
-     dict(D="channel", z=True, dt_bias=True, dt_softplus=True, initial_states=True, seq_idx=True,
-          dt_limit=(0.001, 0.1), dtype="float16")),
-    # every option on the kernel objects of chunk 256 and dstate 128 (the launchers choose other
-    # hints, hence other kernel objects, at chunk <= 128 and dstate <= 64)
+     dict(ALL_OPTIONS, dtype="float16")),
+    # every option on fwd_pass_state's kernel object for chunk 256 (its launcher chooses other
+    # hints, hence another kernel object, at chunk <= 128)
     ("all_options_chunk256_fp16", Dims(2, 1000, 8, 64, 2, 128, 256),
-     dict(D="channel", z=True, dt_bias=True, dt_softplus=True, initial_states=True, seq_idx=True,
-          dt_limit=(0.001, 0.1), dtype="float16")),
+     dict(ALL_OPTIONS, dtype="float16")),
+    # 2^31 elements in dt (2^37 in x): the int64-indexed kernel objects, every option off and on,
+    # at chunk 256 and chunk 64
+    ("int64_chunk256", Dims(1, 2**24, 128, 64, 1, 128, 256), dict()),
+    ("int64_all_options_chunk256", Dims(1, 2**24, 128, 64, 1, 128, 256), ALL_OPTIONS),
+    ("int64_chunk64", Dims(1, 2**24, 128, 64, 1, 64, 64), dict()),
+    ("int64_all_options_chunk64", Dims(1, 2**24, 128, 64, 1, 64, 64), ALL_OPTIONS),
 ]
 
 # the arrays in the inputs' dtype (options' "dtype", default float32); every other one is float32
@@ -82,19 +86,37 @@ def _index_dtype(hint):
     return ct.int32
 
 
+def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:
+    """What ct.launch assumes of a C-contiguous, 16-byte aligned array of this shape (read from
+    the symbols of kernels it launched on the H200): unit dimensions and the last stride are
+    constants, strides and lengths divisible by 16 bytes / 16 elements are marked so. These
+    assumptions decide whether tileiras loads tiles with TMA."""
+    strides = [1] * a.ndim
+    for i in range(a.ndim - 2, -1, -1):
+        strides[i] = strides[i + 1] * a.shape[i + 1]
+    per_16_bytes = 16 // {"float32": 4, "int32": 4, "bfloat16": 2, "float16": 2}[a.dtype]
+    return ArrayConstraint(
+        getattr(ct, a.dtype), a.ndim, index_dtype=index_dtype,
+        stride_lower_bound_incl=tuple(None if s == 1 else 0 for s in strides),
+        alias_groups=(), may_alias_internally=False,
+        stride_constant=tuple(1 if s == 1 else None for s in strides),
+        shape_constant=tuple(1 if n == 1 else None for n in a.shape),
+        stride_divisible_by=tuple(per_16_bytes if s % per_16_bytes == 0 and s != 1 else 1
+                                  for s in strides),
+        shape_divisible_by=tuple(16 if n % 16 == 0 and n != 1 else 1 for n in a.shape),
+        base_addr_divisible_by=16)
+
+
 def signature(kernel, args) -> KernelSignature:
     pyfunc = kernel._annotated_function.pyfunc
     hints = typing.get_type_hints(pyfunc, include_extras=True)
     params = []
     for name, arg in zip(inspect.signature(pyfunc).parameters, args, strict=True):
         if isinstance(arg, ArraySpec):
-            params.append(ArrayConstraint(getattr(ct, arg.dtype), arg.ndim,
-                                          index_dtype=_index_dtype(hints.get(name)),
-                                          stride_lower_bound_incl=0, alias_groups=(),
-                                          may_alias_internally=False))
+            params.append(array_constraint(arg, _index_dtype(hints.get(name))))
         else:
             params.append(arg)
-    return KernelSignature(params, CallingConvention.cutile_python_v1())
+    return KernelSignature(params, CallingConvention.cutile_python_v2())
 
 
 # every kernel object the kernel modules define, by its name there: a kernel with other compiler
