@@ -24,7 +24,8 @@ from benchmarks.configs import ANCHORS, SWEEP_TEXT
 WIDTH, HEIGHT = 1000, 460
 SCALE = 2  # font pixels per glyph pixel
 WHITE, BLACK, GRAY = (255, 255, 255), (0, 0, 0), (200, 200, 200)
-COLORS = {"cutile": (31, 119, 180), "mamba_ssm": (255, 127, 14), "torch": (44, 160, 44)}
+COLORS = {"cutile": (31, 119, 180), "cutile_nocheck": (120, 170, 220), "mamba_ssm": (255, 127, 14),
+          "torch": (44, 160, 44)}
 OTHER_COLOR = (127, 127, 127)
 
 # 3x5 glyphs: five rows, three bits each (4 = left pixel, 1 = right pixel).

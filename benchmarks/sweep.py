@@ -60,9 +60,9 @@ FWD_PASS_STATE_VARIANTS = [
     ("int64", INT64, [], {}),
     ("occ1", {}, [], {"occupancy": 1}),
     ("occ2", {}, [], {"occupancy": 2}),
-    ("K128", {"MAX_BLOCK_K": 128}, [], {}),
-    ("K128_occ1", {"MAX_BLOCK_K": 128}, [], {"occupancy": 1}),
+    ("K128", {"MAX_BLOCK_K": 128}, [], {}),  # chunk 256 (chunks <= 128 are one product)
     ("K128_occ2", {"MAX_BLOCK_K": 128}, [], {"occupancy": 2}),
+    ("K64", {"WHOLE_CHUNK_K": 64}, [], {}),  # chunk 128 as two products
     ("N64", {"MAX_BLOCK_N": 64}, [], {}),
     ("N64_occ2", {"MAX_BLOCK_N": 64}, [], {"occupancy": 2}),
 ]
@@ -73,15 +73,15 @@ COMPUTE_OUT_ABLATIONS = [
     ("abl_no_intra", [("for j in range(i + 1):", "for j in range(0):", 1)]),
     ("abl_diag_only", [("for j in range(i + 1):", "for j in range(i, i + 1):", 1)]),
     ("abl_no_exp2", [("ct.exp2(ct.minimum(a_t - a_s, 0.0))", "ct.minimum(a_t - a_s, 0.0)", 1)]),
-    ("abl_no_x_mma", [("acc = ct.mma((cb * L * dt_s).astype(ct.tfloat32), xs, acc)",
-                       "acc = acc + cb * L * dt_s * xs.astype(ct.float32)", 1)]),
-    ("abl_no_state_mma", [("acc = ct.mma(Ct, S, ct.zeros((BLOCK_T, BLOCK_P), dtype=ct.float32))",
-                           "acc = ct.zeros((BLOCK_T, BLOCK_P), dtype=ct.float32)", 1)]),
+    ("abl_no_x_mma", [("acc = ct.mma(xsT, (cbT * LT * dt_s).astype(ct.tfloat32), acc)",
+                       "acc = acc + cbT * LT * dt_s * xsT.astype(ct.float32)", 1)]),
+    ("abl_no_state_mma", [("acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))",
+                           "acc = ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32)", 1)]),
 ]
 FWD_PASS_STATE_ABLATIONS = [
     ("abl_no_chunk_store",
-     [("ct.store(chunk_states, (b, c, h, pb, nb), ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)))",
-       "pass", 1)]),
+     [("ct.store(chunk_states, (b, c, h, pb, nb),\n"
+       "                 ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))", "pass", 1)]),
     ("abl_no_exp2", [("dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))",
                       "dtk * ct.minimum(a_last - ak, 0.0)", 1)]),
 ]

@@ -46,8 +46,8 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
 
     # The program accumulates y^T, [BLOCK_P, BLOCK_T]: every product then takes x (transposed)
     # or the state as its first operand and C^T, or the computed (C B^T o L)^T, as its second.
-    # On the H200 this order ran 1.19 -> 0.99 ms on the Mamba-2 2.7B row and 1.01 -> 0.67 at
-    # chunk 64 against y = ... with x second (benchmarks/NOTES.md, run 6).
+    # On the H200 this order ran 1.19 -> 0.98 ms on the Mamba-2 2.7B row and 1.01 -> 0.54 at
+    # chunk 64 against accumulating y with x second (benchmarks/NOTES.md, runs 6 and 7).
     a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))
     # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32 at
     # once (exact), so the arithmetic below is the same for every input dtype
@@ -66,7 +66,7 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         # the carried state belongs to the segment of the token before the chunk (chunk 0: 0)
         seg_before = ct.load(seg, (b, ct.maximum(c * CHUNK - 1, 0)), shape=(1, 1))
         decay_in = ct.where(seg_t == seg_before, decay_in, 0.0)
-    acc = acc * decay_in
+    acc = acc * decay_in  # [BLOCK_P, BLOCK_T]
 
     # intra-chunk term: sum over s-blocks j <= i of (dt_s x_s)^T (C_t . B_s^T o L)^T
     cols = ct.reshape(i * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t

@@ -10,19 +10,18 @@ from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, need
 
 # Tile sizes (launcher-chosen constants, so performance work can tune them here):
 # the state slice of one program is [BLOCK_P, BLOCK_N]; the chunk's tokens are consumed
-# BLOCK_K at a time (one mma per BLOCK_K tokens: one per chunk up to chunk 64).
+# BLOCK_K at a time, one mma per BLOCK_K tokens.
 # BLOCK_N up to 128 holds Mamba-2's whole dstate, so x is read once: on the H200 fewer, larger
 # programs won (0.51 -> 0.46 ms on the 2.7B row, 0.96 -> 0.78 at chunk 64; splitting the state
-# further, or BLOCK_K 128/256, was slower: benchmarks/NOTES.md).
+# further was slower: benchmarks/NOTES.md).
 MAX_BLOCK_P = 64
 MAX_BLOCK_N = 128
+# A chunk of up to WHOLE_CHUNK_K tokens is one product (8-group row, chunk 128: 0.186 -> 0.159 ms
+# against two of 64 tokens); longer chunks go MAX_BLOCK_K tokens at a time (2.7B row, chunk 256:
+# 0.347 ms, against 0.385 with 128). H200, benchmarks/NOTES.md run 8; the compiler's own
+# occupancy throughout (two programs per SM: 0.588 against 0.523 ms at chunk 64).
+WHOLE_CHUNK_K = 128
 MAX_BLOCK_K = 64
-# Occupancy by chunk size (H200 sweep, benchmarks/NOTES.md): two programs per SM pay at
-# chunk_size <= SHORT_CHUNK (0.78 -> 0.555 ms on the chunk-64 row, 0.267 -> 0.236 on the 8-group
-# chunk-128 row) and cost at chunk 256 (0.46 -> 0.59 ms on the 2.7B row, 0.61 -> 1.08 at 16k
-# tokens), where the compiler's own choice stays.
-SHORT_CHUNK = 128
-SHORT_CHUNK_OCCUPANCY = 2
 
 
 def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
@@ -93,12 +92,9 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
     ct.store(final_states, (b, h, pb, nb), ct.reshape(ct.transpose(S), (1, 1, BLOCK_P, BLOCK_N)))
 
 
-# the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64), occupancy by chunk size
+# the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
 _fwd_pass_state = ct.kernel(int32_indexed(_fwd_pass_state_kernel))
-_fwd_pass_state_short_chunks = _fwd_pass_state.replace_hints(occupancy=SHORT_CHUNK_OCCUPANCY)
 _fwd_pass_state_int64 = ct.kernel(_fwd_pass_state_kernel)
-_fwd_pass_state_int64_short_chunks = _fwd_pass_state_int64.replace_hints(
-    occupancy=SHORT_CHUNK_OCCUPANCY)
 
 
 def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states, final_states):
@@ -113,15 +109,14 @@ def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_st
     chunk_size = int(dt_out.shape[3])
     block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
     block_n = pow2_tile(dstate, lo=MMA_MIN, hi=MAX_BLOCK_N)
-    block_k = min(chunk_size, MAX_BLOCK_K)
+    block_k = chunk_size if chunk_size <= WHOLE_CHUNK_K else MAX_BLOCK_K
     grid = (-(-headdim // block_p) * -(-dstate // block_n), nheads, batch)
     args = (x, B, dt_out, dA_cumsum, x if initial_states is None else initial_states,
             dt_out if seg is None else seg, chunk_states, final_states,
             chunk_size, block_k, block_p, block_n, initial_states is not None, seg is not None)
-    kernel = {(False, False): _fwd_pass_state, (False, True): _fwd_pass_state_short_chunks,
-              (True, False): _fwd_pass_state_int64,
-              (True, True): _fwd_pass_state_int64_short_chunks}[
-        needs_int64(x, B, initial_states, chunk_states, final_states), chunk_size <= SHORT_CHUNK]
+    kernel = (_fwd_pass_state_int64
+              if needs_int64(x, B, initial_states, chunk_states, final_states)
+              else _fwd_pass_state)
     return kernel, grid, args
 
 

@@ -49,16 +49,12 @@ CONFIGS = [
      dict(D="head", dtype="bfloat16")),
     ("all_options_chunk128_fp16", Dims(4, 4096, 64, 64, 8, 64, 128),
      dict(ALL_OPTIONS, dtype="float16")),
-    # every option on fwd_pass_state's kernel object for chunk 256 (its launcher chooses other
-    # hints, hence another kernel object, at chunk <= 128)
+    # every option at chunk 256 (fwd_pass_state's products are then 64 of its tokens)
     ("all_options_chunk256_fp16", Dims(2, 1000, 8, 64, 2, 128, 256),
      dict(ALL_OPTIONS, dtype="float16")),
-    # 2^31 elements in dt (2^37 in x): the int64-indexed kernel objects, every option off and on,
-    # at chunk 256 and chunk 64
+    # 2^31 elements in dt (2^37 in x): the int64-indexed kernel objects, every option off and on
     ("int64_chunk256", Dims(1, 2**24, 128, 64, 1, 128, 256), dict()),
-    ("int64_all_options_chunk256", Dims(1, 2**24, 128, 64, 1, 128, 256), ALL_OPTIONS),
-    ("int64_chunk64", Dims(1, 2**24, 128, 64, 1, 64, 64), dict()),
-    ("int64_all_options_chunk64", Dims(1, 2**24, 128, 64, 1, 64, 64), ALL_OPTIONS),
+    ("int64_all_options_chunk128", Dims(1, 2**24, 128, 64, 1, 64, 128), ALL_OPTIONS),
 ]
 
 # the arrays in the inputs' dtype (options' "dtype", default float32); every other one is float32
