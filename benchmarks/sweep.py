@@ -15,7 +15,8 @@ read on the host, a synchronisation inside the timed span) and check_values=Fals
 
 Each variant is a kernel module (kernels/compute_out.py or kernels/fwd_pass_state.py) loaded
 from a copy of its source with textual edits applied (e.g. a `latency=` hint on a load) and
-module constants overridden (the MAX_BLOCK_* the launcher reads), plus compiler hints
+module constants or functions overridden (the MAX_BLOCK_* and WHOLE_CHUNK_K the launcher
+reads, its needs_int64 to time the int64 object), plus compiler hints
 (`kernel.replace_hints(occupancy=...)`). Every variant's output is compared with the default
 variant's (max |diff| / max |default|, TF32 noise is ~1e-3) and timed with CUDA events, L2
 flushed before every launch, median of --reps launches. The kernels' inputs come from the
@@ -48,7 +49,6 @@ COMPUTE_OUT_VARIANTS = [
     ("launcher", {}, [], {}),
     ("int64", INT64, [], {}),
     ("occ1", {}, [], {"occupancy": 1}),
-    ("occ2", {}, [], {"occupancy": 2}),
     ("occ3", {}, [], {"occupancy": 3}),
     ("occ4", {}, [], {"occupancy": 4}),
     ("w8", {}, [], {"num_worker_warps": 8}),
@@ -235,6 +235,8 @@ def main(argv=None):
                    help="time FILE, a rewrite of kernels/MODULE.py, beside the committed one")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    if any("=" not in c for c in a.candidate):
+        p.error("--candidate takes MODULE=FILE, e.g. compute_out=rewrite.py")
     candidates = dict(c.split("=", 1) for c in a.candidate)
     unknown = set(candidates) - {"compute_out", "fwd_pass_state"}
     if unknown:

@@ -164,8 +164,9 @@ def backend_of(**arrays) -> Backend:
 
 # Index width. The kernels' sources annotate their large arrays ct.IndexedWithInt64, so that
 # arrays of 2^31 elements or more are addressed correctly; with int32 indices instead, tileiras
-# loads the tiles with TMA and compiles compute_out in 128 registers instead of 255 (sm_90,
-# Mamba-2 2.7B row; benchmarks/NOTES.md). Each kernel is therefore compiled twice: from
+# loads the tiles with TMA and, compiled locally for sm_90, needs 128 registers per thread for
+# compute_out instead of 255 (Mamba-2 2.7B row; the 64-bit kernel ran with 240 on the H200:
+# benchmarks/NOTES.md, run 6). Each kernel is therefore compiled twice: from
 # `int32_indexed(f)` for the usual sizes and from `f` itself when an array reaches 2^31 elements.
 INT32_MAX = 2**31 - 1
 
@@ -189,10 +190,12 @@ def int32_indexed(kernel_function):
     return f
 
 
-def needs_int64(*arrays) -> bool:
-    """Whether one of the (C-contiguous) arrays, None skipped, has 2^31 elements or more, so that
-    an element offset exceeds int32."""
-    return any(math.prod(int(n) for n in a.shape) > INT32_MAX for a in arrays if a is not None)
+def needs_int64(*kernel_args) -> bool:
+    """Whether one of the (C-contiguous) arrays among a launch's kernel arguments (anything with a
+    shape; constants skipped) has 2^31 elements or more, so that an element offset exceeds
+    int32. The launchers pass all their arguments, so no array can be left out."""
+    return any(math.prod(int(n) for n in a.shape) > INT32_MAX
+               for a in kernel_args if hasattr(a, "shape"))
 
 
 # Smallest tile extent the launchers feed to ct.mma; smaller dimensions are zero padded up to it.

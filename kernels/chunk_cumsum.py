@@ -64,7 +64,8 @@ _chunk_cumsum_int64 = ct.kernel(_chunk_cumsum_kernel)
 
 
 def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit):
-    """(kernel, grid, kernel args) of _chunk_cumsum_kernel: the one place its tiles are chosen.
+    """(kernel, grid, kernel args) of _chunk_cumsum_kernel: the one place its tiles and its kernel
+    object (index width) are chosen.
 
     Reads only shapes, so the compile gate derives its signatures from here too.
     """
@@ -75,7 +76,7 @@ def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit
     grid = (nchunks, -(-nheads // block_h), batch)
     args = (dt, A, A if dt_bias is None else dt_bias, dt_out, dA_cumsum,
             chunk_size, block_h, dt_bias is not None, bool(dt_softplus), float(lo), float(hi))
-    kernel = _chunk_cumsum_int64 if needs_int64(dt, dt_out, dA_cumsum) else _chunk_cumsum
+    kernel = _chunk_cumsum_int64 if needs_int64(*args) else _chunk_cumsum
     return kernel, grid, args
 
 

@@ -18,7 +18,7 @@ MAX_BLOCK_T = 64
 MAX_BLOCK_P = 64
 TILE_ELEMENTS = 8192
 # Two programs per SM: on the H200 (benchmarks/NOTES.md, run 7) one, three or four were slower
-# on every anchor row, e.g. 0.98 ms against 1.19 / 1.22 / 1.19 on the Mamba-2 2.7B row and
+# on the four rows swept (long_seq not swept), e.g. 0.98 ms against 1.19 / 1.22 / 1.19 on the Mamba-2 2.7B row and
 # 0.38 against 0.56 / 0.39 / 0.45 on the 8-group row (dstate 64).
 OCCUPANCY = 2
 
@@ -44,8 +44,8 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     i = tb % T_PER_CHUNK  # the token block's position in its chunk
     g = h // (x.shape[2] // B.shape[2])  # the group head h reads
 
-    # The program accumulates y^T, [BLOCK_P, BLOCK_T]: every product then takes x (transposed)
-    # or the state as its first operand and C^T, or the computed (C B^T o L)^T, as its second.
+    # The program accumulates y^T, [BLOCK_P, BLOCK_T]: its products take the state, B_s or x
+    # (transposed) as their first operand and C^T, or the computed (C B^T o L)^T, as second.
     # On the H200 this order ran 1.19 -> 0.98 ms on the Mamba-2 2.7B row and 1.01 -> 0.54 at
     # chunk 64 against accumulating y with x second (benchmarks/NOTES.md, runs 6 and 7).
     a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))
@@ -119,8 +119,8 @@ _compute_out_int64 = ct.kernel(_compute_out_kernel, occupancy=OCCUPANCY)
 
 
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
-    """(kernel, grid, kernel args) of _compute_out_kernel: the one place its tiles and hints are
-    chosen.
+    """(kernel, grid, kernel args) of _compute_out_kernel: the one place its tiles and its
+    kernel object (index width) are chosen.
 
     Reads only shapes, so the compile gate derives its signatures from here too. `seg` is the
     (batch, seqlen) int32 segment ids, or None.
@@ -136,7 +136,7 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
             chunk_size, block_t, block_p, dstate_tile,
             D is not None, D is not None and len(D.shape) == 2, z is not None, seg is not None)
-    kernel = _compute_out_int64 if needs_int64(x, B, C, chunk_states, z, y) else _compute_out
+    kernel = _compute_out_int64 if needs_int64(*args) else _compute_out
     return kernel, grid, args
 
 

@@ -1,4 +1,5 @@
-"""fwd_pass_state: the state entering every chunk, by the jump formula, one product per chunk."""
+"""fwd_pass_state: the state entering every chunk, by the jump formula (a matrix product per chunk,
+in blocks of up to 128 tokens)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,20 @@ from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, need
 # the state slice of one program is [BLOCK_P, BLOCK_N]; the chunk's tokens are consumed
 # BLOCK_K at a time, one mma per BLOCK_K tokens.
 # BLOCK_N up to 128 holds Mamba-2's whole dstate, so x is read once: on the H200 fewer, larger
-# programs won (0.51 -> 0.46 ms on the 2.7B row, 0.96 -> 0.78 at chunk 64; splitting the state
-# further was slower: benchmarks/NOTES.md).
+# programs won (run 2, 64-bit kernel: 0.51 -> 0.46 ms on the 2.7B row, 0.96 -> 0.78 at chunk 64;
+# on the transposed kernel, run 8, BLOCK_N 64 at occupancy 2: 0.417 against 0.347 on the 2.7B
+# row, 0.585 against 0.523 at chunk 64; benchmarks/NOTES.md).
 MAX_BLOCK_P = 64
 MAX_BLOCK_N = 128
-# A chunk of up to WHOLE_CHUNK_K tokens is one product (8-group row, chunk 128: 0.186 -> 0.159 ms
-# against two of 64 tokens); longer chunks go MAX_BLOCK_K tokens at a time (2.7B row, chunk 256:
-# 0.347 ms, against 0.385 with 128). H200, benchmarks/NOTES.md run 8; the compiler's own
-# occupancy throughout (two programs per SM: 0.588 against 0.523 ms at chunk 64).
+# A chunk of up to WHOLE_CHUNK_K tokens is one product; longer chunks go MAX_BLOCK_K tokens at a
+# time. H200, benchmarks/NOTES.md runs 8-9: chunk 128 (8-group row) as one product at two
+# programs per SM 0.160 ms, against 0.186 as two products; chunk 256, the compiler's occupancy:
+# 0.347 ms on the 2.7B row and 0.460 on long_seq, against 0.385 / 0.508 with products of 128
+# tokens (at two per SM 0.310 / 0.528: it pays at batch 4 only); chunk 64 at the compiler's
+# occupancy 0.523 ms, at two per SM 0.588.
 WHOLE_CHUNK_K = 128
 MAX_BLOCK_K = 64
+WHOLE_CHUNK_OCCUPANCY = 2  # for products of WHOLE_CHUNK_K tokens
 
 
 def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
@@ -92,14 +97,18 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
     ct.store(final_states, (b, h, pb, nb), ct.reshape(ct.transpose(S), (1, 1, BLOCK_P, BLOCK_N)))
 
 
-# the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
+# the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64), and the occupancy of
+# products of WHOLE_CHUNK_K tokens
 _fwd_pass_state = ct.kernel(int32_indexed(_fwd_pass_state_kernel))
+_fwd_pass_state_whole_chunk_k = _fwd_pass_state.replace_hints(occupancy=WHOLE_CHUNK_OCCUPANCY)
 _fwd_pass_state_int64 = ct.kernel(_fwd_pass_state_kernel)
+_fwd_pass_state_int64_whole_chunk_k = _fwd_pass_state_int64.replace_hints(
+    occupancy=WHOLE_CHUNK_OCCUPANCY)
 
 
 def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states, final_states):
-    """(kernel, grid, kernel args) of _fwd_pass_state_kernel: the one place its tiles and hints
-    are chosen.
+    """(kernel, grid, kernel args) of _fwd_pass_state_kernel: the one place its tiles and its
+    kernel object (index width, occupancy) are chosen.
 
     Reads only shapes, so the compile gate derives its signatures from here too. `seg` is the
     (batch, seqlen) int32 segment ids, or None.
@@ -114,9 +123,10 @@ def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_st
     args = (x, B, dt_out, dA_cumsum, x if initial_states is None else initial_states,
             dt_out if seg is None else seg, chunk_states, final_states,
             chunk_size, block_k, block_p, block_n, initial_states is not None, seg is not None)
-    kernel = (_fwd_pass_state_int64
-              if needs_int64(x, B, initial_states, chunk_states, final_states)
-              else _fwd_pass_state)
+    kernel = {(False, False): _fwd_pass_state, (False, True): _fwd_pass_state_whole_chunk_k,
+              (True, False): _fwd_pass_state_int64,
+              (True, True): _fwd_pass_state_int64_whole_chunk_k}[
+        needs_int64(*args), block_k == WHOLE_CHUNK_K]
     return kernel, grid, args
 
 

@@ -2,7 +2,7 @@
 kills each.
 
 Every mutant is one textual replacement in one kernel file that must match exactly once, so a
-kernel change that moves the text makes the catalogue fail loudly (tests/test_properties_mutants.py)
+kernel change that moves the text makes the catalogue fail loudly (tests/test_properties_harness.py)
 instead of silently testing nothing. `python -m properties.mutants` copies the working tree,
 applies one mutant at a time, runs `pytest -m properties` there on the interpreter with the ci
 profile's examples (shrinking off: the first failing example is enough to kill), and writes the

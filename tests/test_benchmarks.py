@@ -503,6 +503,26 @@ def test_compare_threshold_is_respected(tmp_path):
     assert compare.main([base, cur, "--threshold", "0.05"]) == 1
 
 
+def test_compare_gates_the_no_value_read_forward(tmp_path):
+    base = _bench_json(tmp_path / "base.json", {"ssd_forward-row1-cutile_nocheck": 0.30},
+                       impl="cutile_nocheck")
+    cur = _bench_json(tmp_path / "cur.json", {"ssd_forward-row1-cutile_nocheck": 0.40},
+                      impl="cutile_nocheck")
+    assert compare.main([base, cur, "--threshold", "0.10"]) == 1
+
+
+def test_sweep_variants_and_ablations_apply_to_the_kernel_source(tmp_path):
+    """Every sweep variant's and ablation's edits match the committed kernels (load_variant
+    refuses an edit that does not match exactly its count) and its constants exist."""
+    from benchmarks import sweep
+    for ablate in (False, True):
+        for module, entries in sweep.variant_lists(ablate, {}):
+            for tag, constants, edits, _, source in entries:
+                mod = sweep.load_variant(module, constants, edits, tmp_path, f"{tag}_{ablate}",
+                                         source)
+                assert hasattr(mod, f"{module}_launch"), (module, tag)
+
+
 def test_compare_refuses_to_pass_on_nothing_compared(tmp_path, capsys):
     base = _bench_json(tmp_path / "base.json", {"ssd_forward-row1-mamba_ssm": 1.0})
     assert compare.main([base, base]) == 2

@@ -3,8 +3,10 @@ representative set of shapes, compiles to cubin for sm_80, sm_90, sm_100 and sm_
 
 The specializations come from ssd_forward's own launch code (`forward_launches`, the one place the
 tile sizes are chosen), run on stand-in arrays that only carry a shape and a dtype; the signature
-of each launch is what ct.launch would compile for it: arrays by dtype and rank, int64 indexing
-where the kernel asks for it (ct.IndexedWithInt64), the launcher's constants.
+of each launch is what ct.launch would compile for it (`array_constraint`): arrays by dtype and
+rank with ct.launch's assumptions on unit dimensions, strides and alignment, the index width of
+the kernel object (int64 where its function asks for ct.IndexedWithInt64), the launcher's
+constants.
 """
 
 import importlib
@@ -49,11 +51,16 @@ CONFIGS = [
      dict(D="head", dtype="bfloat16")),
     ("all_options_chunk128_fp16", Dims(4, 4096, 64, 64, 8, 64, 128),
      dict(ALL_OPTIONS, dtype="float16")),
-    # every option at chunk 256 (fwd_pass_state's products are then 64 of its tokens)
+    # every option at chunk 256 (fwd_pass_state's products are then 64 of its tokens); the 2.7B
+    # layout at chunk 128 (one product of 128 tokens x dstate 128, fwd_pass_state's largest tile)
     ("all_options_chunk256_fp16", Dims(2, 1000, 8, 64, 2, 128, 256),
      dict(ALL_OPTIONS, dtype="float16")),
-    # 2^31 elements in dt (2^37 in x): the int64-indexed kernel objects, every option off and on
-    ("int64_chunk256", Dims(1, 2**24, 128, 64, 1, 128, 256), dict()),
+    ("mamba2_2p7b_chunk128", Dims(4, 4096, 80, 64, 1, 128, 128), dict(D="head")),
+    # 2^31 elements in dt (2^37 in x): the int64-indexed kernel objects, every option off (in
+    # float16) and on, at chunk 256 and at chunk 128 (fwd_pass_state's other object)
+    ("int64_chunk256_fp16", Dims(1, 2**24, 128, 64, 1, 128, 256), dict(dtype="float16")),
+    ("int64_all_options_chunk256", Dims(1, 2**24, 128, 64, 1, 128, 256), ALL_OPTIONS),
+    ("int64_chunk128_fp16", Dims(1, 2**24, 128, 64, 1, 64, 128), dict(dtype="float16")),
     ("int64_all_options_chunk128", Dims(1, 2**24, 128, 64, 1, 64, 128), ALL_OPTIONS),
 ]
 
@@ -115,8 +122,8 @@ def signature(kernel, args) -> KernelSignature:
     return KernelSignature(params, CallingConvention.cutile_python_v2())
 
 
-# every kernel object the kernel modules define, by its name there: a kernel with other compiler
-# hints (occupancy by shape) is another object of the same function, compiled on its own
+# every kernel object the kernel modules define, by its name there: the int32 and the int64
+# object of a kernel, and one with other compiler hints (occupancy), are compiled on their own
 KERNELS = {name: obj for stage in ("chunk_cumsum", "fwd_pass_state", "compute_out")
            for name, obj in vars(importlib.import_module(f"kernels.{stage}")).items()
            if isinstance(obj, ct.kernel)}
@@ -132,8 +139,8 @@ def specializations() -> dict:
             assert name is not None, (
                 f"{config}: the launcher chose a {kernel._pyfunc.__name__} object that no kernel "
                 f"module defines at top level, so the compile gate cannot name it")
-            key = tuple((a.dtype, a.ndim) if isinstance(a, ArraySpec) else (type(a), a)
-                        for a in args)
+            key = tuple(repr(array_constraint(a, ct.int32)) if isinstance(a, ArraySpec)
+                        else (type(a), a) for a in args)
             entry = found.setdefault(name, (kernel, {}))
             entry[1].setdefault(key, args)
     return {name: (kernel, list(by_key.values())) for name, (kernel, by_key) in found.items()}
@@ -144,7 +151,7 @@ SPECIALIZATIONS = specializations()
 
 @pytest.mark.compile
 def test_every_kernel_object_is_compiled_with_every_option():
-    # the configurations reach every kernel object (each hint variant too) ...
+    # the configurations reach every kernel object (each index width and hint variant) ...
     assert set(SPECIALIZATIONS) == set(KERNELS), (
         f"kernel objects never launched by the configurations: "
         f"{sorted(set(KERNELS) - set(SPECIALIZATIONS))}")
@@ -170,3 +177,38 @@ def test_kernel_compiles_to_cubin(name, arch):
     export_kernel(kernel, [signature(kernel, args) for args in arg_lists], out, gpu_code=arch,
                   output_format="cubin")
     assert out.getvalue()[:4] == b"\x7fELF"
+
+
+def test_kernel_objects_index_as_their_names_say():
+    """The *_int64 objects index every ct.IndexedWithInt64 array in int64, the others in int32
+    (kernels.arrays.int32_indexed): a no-op int32_indexed would leave TMA off unnoticed."""
+    for name, obj in KERNELS.items():
+        pyfunc = obj._annotated_function.pyfunc
+        hints = typing.get_type_hints(pyfunc, include_extras=True)
+        # the kernel function as its module defines it (the int32 objects hold a copy)
+        defined = getattr(importlib.import_module(pyfunc.__module__), pyfunc.__name__)
+        source = typing.get_type_hints(defined, include_extras=True)
+        wide = [p for p in inspect.signature(pyfunc).parameters
+                if _index_dtype(source.get(p)) is ct.int64]
+        assert wide, f"{name}: no IndexedWithInt64 array in its source"
+        want = ct.int64 if "_int64" in name else ct.int32
+        assert {_index_dtype(hints.get(p)) for p in wide} == {want}, name
+
+
+@pytest.mark.parametrize("dims", [
+    pytest.param(Dims(1, 2**24, 128, 64, 1, 64, 128), id="x_and_dt_over_2_pow_31"),
+    # dt_out / dA_cumsum (batch, nheads, nchunks, chunk_size) exceed 2^31 elements while x,
+    # chunk_states and y stay below: the index width must follow every array
+    pytest.param(Dims(4200, 100, 2048, 2, 1, 16, 256), id="only_dt_out_over_2_pow_31"),
+])
+def test_launchers_choose_int64_objects_when_an_array_reaches_2_pow_31(dims):
+    for kernel, _, _ in config_launches(dims, {}):
+        assert KERNEL_NAMES[id(kernel)].endswith(("_int64", "_int64_whole_chunk_k")), (
+            KERNEL_NAMES[id(kernel)])
+
+
+def test_needs_int64_at_the_int32_limit():
+    from kernels.arrays import INT32_MAX, needs_int64
+    assert not needs_int64(ArraySpec((INT32_MAX,)), 256, True, None)
+    assert needs_int64(ArraySpec((2, 2**30)), 256, True, None)
+    assert not needs_int64(ArraySpec((4, 4096, 80, 64)), ArraySpec((4, 16, 80, 64, 128)))
