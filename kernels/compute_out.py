@@ -18,8 +18,8 @@ MAX_BLOCK_T = 64
 MAX_BLOCK_P = 64
 TILE_ELEMENTS = 8192
 # Two programs per SM: on the H200 (benchmarks/NOTES.md, run 7) one, three or four were slower
-# on the four rows swept (long_seq not swept), e.g. 0.98 ms against 1.19 / 1.22 / 1.19 on the Mamba-2 2.7B row and
-# 0.38 against 0.56 / 0.39 / 0.45 on the 8-group row (dstate 64).
+# on the four rows swept (long_seq not swept), e.g. 0.98 ms against 1.19 / 1.22 / 1.19 on the
+# Mamba-2 2.7B row and 0.38 against 0.56 / 0.39 / 0.45 on the 8-group row (dstate 64).
 OCCUPANCY = 2
 
 
