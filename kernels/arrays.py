@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import cuda.tile as ct
+from cuda.tile._stub import ArrayAnnotation
 
 # Outputs are allocated uninitialized; tests set a fill value (NaN) so that an element a kernel
 # fails to write cannot pass unnoticed.
@@ -171,9 +172,13 @@ def backend_of(**arrays) -> Backend:
 INT32_MAX = 2**31 - 1
 
 
-def _is_int64_indexed(hint) -> bool:
-    return any(getattr(meta, "index_dtype", None) is ct.int64
-               for meta in getattr(hint, "__metadata__", ()))
+def index_dtype(hint):
+    """The index dtype a kernel parameter's annotation asks for: ct.int64 for
+    ct.IndexedWithInt64, else ct.int32 (cuTile's default)."""
+    for meta in getattr(hint, "__metadata__", ()):
+        if isinstance(meta, ArrayAnnotation) and meta.index_dtype is not None:
+            return meta.index_dtype
+    return ct.int32
 
 
 def int32_indexed(kernel_function):
@@ -186,7 +191,7 @@ def int32_indexed(kernel_function):
     f.__module__, f.__qualname__ = kernel_function.__module__, kernel_function.__qualname__
     f.__doc__ = kernel_function.__doc__
     f.__annotations__ = {name: hint for name, hint in hints.items()
-                         if not _is_int64_indexed(hint)}
+                         if index_dtype(hint) is not ct.int64}
     return f
 
 

@@ -18,11 +18,11 @@ import typing
 import pytest
 
 import cuda.tile as ct
-from cuda.tile._stub import ArrayAnnotation
 from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
                                    export_kernel)
 
 from contract import Dims
+from kernels.arrays import index_dtype
 from kernels.ssd_forward import forward_launches
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
@@ -82,13 +82,6 @@ def config_launches(dims: Dims, opts: dict):
         a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"))
 
 
-def _index_dtype(hint):
-    for meta in getattr(hint, "__metadata__", ()):
-        if isinstance(meta, ArrayAnnotation) and meta.index_dtype is not None:
-            return meta.index_dtype
-    return ct.int32
-
-
 def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:
     """What ct.launch assumes of a C-contiguous, 16-byte aligned array of this shape (read from
     the symbols of kernels it launched on the H200): unit dimensions and the last stride are
@@ -116,7 +109,7 @@ def signature(kernel, args) -> KernelSignature:
     params = []
     for name, arg in zip(inspect.signature(pyfunc).parameters, args, strict=True):
         if isinstance(arg, ArraySpec):
-            params.append(array_constraint(arg, _index_dtype(hints.get(name))))
+            params.append(array_constraint(arg, index_dtype(hints.get(name))))
         else:
             params.append(arg)
     return KernelSignature(params, CallingConvention.cutile_python_v2())
@@ -189,10 +182,10 @@ def test_kernel_objects_index_as_their_names_say():
         defined = getattr(importlib.import_module(pyfunc.__module__), pyfunc.__name__)
         source = typing.get_type_hints(defined, include_extras=True)
         wide = [p for p in inspect.signature(pyfunc).parameters
-                if _index_dtype(source.get(p)) is ct.int64]
+                if index_dtype(source.get(p)) is ct.int64]
         assert wide, f"{name}: no IndexedWithInt64 array in its source"
         want = ct.int64 if "_int64" in name else ct.int32
-        assert {_index_dtype(hints.get(p)) for p in wide} == {want}, name
+        assert {index_dtype(hints.get(p)) for p in wide} == {want}, name
 
 
 @pytest.mark.parametrize("dims", [
