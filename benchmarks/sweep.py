@@ -17,7 +17,8 @@ Each variant is a kernel module (kernels/compute_out.py or kernels/fwd_pass_stat
 from a copy of its source with textual edits applied (e.g. a `latency=` hint on a load) and
 module constants or functions overridden (the MAX_BLOCK_* and WHOLE_CHUNK_K the launcher
 reads, its needs_int64 to time the int64 object), plus compiler hints
-(`kernel.replace_hints(occupancy=...)`). Every variant's output is compared with the default
+(`kernel.replace_hints(occupancy=...)`); a variant's "sm_count" replaces the device's SM count
+the fwd_pass_state launcher reads. Every variant's output is compared with the default
 variant's (max |diff| / max |default|, TF32 noise is ~1e-3) and timed with CUDA events, L2
 flushed before every launch, median of --reps launches. The kernels' inputs come from the
 default kernels before them. Prints one table; the notes (benchmarks/NOTES.md) keep the results.
@@ -38,6 +39,8 @@ from benchmarks.configs import ANCHORS, row_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 
+# launcher arguments a variant may set among its constants (the others are module constants)
+LAUNCH_ARGS = ("sm_count",)
 # (name, module constants, textual edits [(old, new, count)], compiler hints); the first of each
 # list is the code as committed (its output is the reference of the others). Hints replace the
 # ones of the kernel object the launcher chose for the row's shape; a variant without an occ
@@ -54,17 +57,27 @@ COMPUTE_OUT_VARIANTS = [
     ("w8", {}, [], {"num_worker_warps": 8}),
     ("T128_occ1", T128, [], {"occupancy": 1}),
     ("T128_occ2", T128, [], {"occupancy": 2}),
+    # heads of a group per program (C B^T formed once for them)
+    ("H1", {"MAX_HEADS": 1}, [], {}),
+    ("H2_occ1", {"MAX_HEADS": 2}, [], {"occupancy": 1}),
+    ("H4", {"MAX_HEADS": 4}, [], {}),
+    ("H4_occ1", {"MAX_HEADS": 4}, [], {"occupancy": 1}),
+    ("H2_T32", {"MAX_HEADS": 2, "MAX_BLOCK_T": 32}, [], {}),
+    ("H4_T32", {"MAX_HEADS": 4, "MAX_BLOCK_T": 32}, [], {}),
 ]
 FWD_PASS_STATE_VARIANTS = [
     ("launcher", {}, [], {}),
     ("int64", INT64, [], {}),
     ("occ1", {}, [], {"occupancy": 1}),
     ("occ2", {}, [], {"occupancy": 2}),
-    ("K128", {"MAX_BLOCK_K": 128}, [], {}),  # chunk 256 (chunks <= 128 are one product)
-    ("K128_occ2", {"MAX_BLOCK_K": 128}, [], {"occupancy": 2}),
+    # the launcher's choice for a grid of fewer programs than SMs / of more (at chunk 256:
+    # products of 64 tokens at the compiler's occupancy / of 128 at two per SM)
+    ("small_grid", {"sm_count": 10**9}, [], {}),
+    ("large_grid", {"sm_count": 1}, [], {}),
     ("K64", {"WHOLE_CHUNK_K": 64}, [], {}),  # chunk 128 as two products
     ("N64", {"MAX_BLOCK_N": 64}, [], {}),
     ("N64_occ2", {"MAX_BLOCK_N": 64}, [], {"occupancy": 2}),
+    ("P32", {"MAX_BLOCK_P": 32}, [], {}),
 ]
 # Ablations: (name, textual edits) that leave one stage out, timed beside the committed kernel.
 # compute_out: the intra-chunk loop (whole / diagonal block only), its exp2, its second product,
@@ -72,9 +85,11 @@ FWD_PASS_STATE_VARIANTS = [
 COMPUTE_OUT_ABLATIONS = [
     ("abl_no_intra", [("for j in range(i + 1):", "for j in range(0):", 1)]),
     ("abl_diag_only", [("for j in range(i + 1):", "for j in range(i, i + 1):", 1)]),
-    ("abl_no_exp2", [("ct.exp2(ct.minimum(a_t - a_s, 0.0))", "ct.minimum(a_t - a_s, 0.0)", 1)]),
-    ("abl_no_x_mma", [("acc = ct.mma(xsT, (cbT * LT * dt_s).astype(ct.tfloat32), acc)",
-                       "acc = acc + cbT * LT * dt_s * xsT.astype(ct.float32)", 1)]),
+    ("abl_no_exp2", [("ct.exp2(ct.minimum(a_ts[k] - a_s, 0.0))",
+                      "ct.minimum(a_ts[k] - a_s, 0.0)", 1)]),
+    ("abl_no_x_mma", [("new_accs += (ct.mma(xsT, W, accs[k]),)",
+                       "new_accs += (accs[k] + W.astype(ct.float32) * xsT.astype(ct.float32),)",
+                       1)]),
     ("abl_no_state_mma", [("acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))",
                            "acc = ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32)", 1)]),
 ]
@@ -106,6 +121,8 @@ def load_variant(module: str, constants: dict, edits: list, tmpdir: Path, tag: s
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     for k, v in constants.items():
+        if k in LAUNCH_ARGS:
+            continue
         if not hasattr(mod, k):
             raise ValueError(f"{module} has no constant {k}")
         setattr(mod, k, v)
@@ -153,6 +170,7 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None, lists=()):
     inp = row_inputs(config)
     Q = config[-1]
     stream = cupy.cuda.get_current_stream()
+    sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     dt_out, dA_cumsum = kernels.chunk_cumsum(inp["dt"], inp["A"], Q)
     from kernels.chunk_cumsum import chunk_cumsum_launch
     kernel, grid, args = chunk_cumsum_launch(inp["dt"], inp["A"], None, cupy.empty_like(dt_out),
@@ -169,13 +187,14 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None, lists=()):
         for tag, constants, edits, hints, source in variants:
             if only and tag not in only and tag != variants[0][0] and source is None:
                 continue
+            sms = constants.get("sm_count", sm_count)
             mod = load_variant(module, constants, edits, tmpdir, tag.replace(":", "_"), source)
             if module == "fwd_pass_state":
                 out = (cupy.full(chunk_states.shape, math.nan, cupy.float32),
                        cupy.full(chunk_states.shape[:1] + chunk_states.shape[2:], math.nan,
                                  cupy.float32))
                 kernel, grid, args = mod.fwd_pass_state_launch(
-                    inp["x"], inp["B"], dt_out, dA_cumsum, None, None, *out)
+                    inp["x"], inp["B"], dt_out, dA_cumsum, None, None, *out, sms)
                 check = out[0]
             else:
                 out = cupy.full(inp["x"].shape, math.nan, cupy.float32)

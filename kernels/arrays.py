@@ -10,6 +10,7 @@ by the launchers once, whatever the backend: this module only moves arrays and l
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import types
 import typing
@@ -124,6 +125,12 @@ class Backend:
         zero = xp.zeros((seq_idx.shape[0], 1), dtype=xp.int32)
         return xp.ascontiguousarray(xp.concatenate([zero, counts], axis=1))
 
+    @property
+    def sm_count(self) -> int:
+        """The device's streaming multiprocessors (1 for the interpreter, which runs one program
+        at a time): the launchers that size programs by the grid read it."""
+        return _sm_count(self.kind, self.device)
+
     def launch(self, kernel, grid: tuple[int, int, int], args: tuple):
         """Run `kernel` over `grid`: on the interpreter for NumPy, else on the current stream."""
         if self.kind == "numpy":
@@ -137,6 +144,17 @@ class Backend:
             import torch
             with torch.cuda.device(self.device):
                 ct.launch(torch.cuda.current_stream(), grid, kernel, args)
+
+
+@functools.lru_cache
+def _sm_count(kind: str, device: int | None) -> int:
+    if kind == "numpy":
+        return 1
+    if kind == "cupy":
+        import cupy
+        return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+    import torch
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def backend_of(**arrays) -> Backend:

@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import cuda.tile as ct
 
-from contract import ACTIVATION_DTYPES, check_compute_out_args
+from contract import ACTIVATION_DTYPES, check_compute_out_args, dtype_name
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, needs_int64,
                            pow2_tile)
 from kernels.chunk_cumsum import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
 # Tile sizes (launcher-chosen constants, so performance work can tune them here): a program
-# computes [BLOCK_T, BLOCK_P] of y, looping over the chunk's s-blocks of BLOCK_T tokens up to the
+# computes [BLOCK_T, BLOCK_P] of y for each of its heads, looping over the chunk's s-blocks of BLOCK_T tokens up to the
 # diagonal (flash-attention-like), so a chunk x chunk matrix never exists, not even in registers.
 # dstate is held whole (padded to a power of two); BLOCK_T shrinks as dstate grows so that the
 # C and B tiles, [BLOCK_T, DSTATE], stay at 8K elements.
 MAX_BLOCK_T = 64
+# With float32 inputs a program computes up to MAX_HEADS heads of one group: C B^T, which they
+# share, is formed once for them. H200, benchmarks/NOTES.md runs 10-14, two heads against one:
+# 0.808 against 0.970 ms on the Mamba-2 2.7B row, 0.259 / 0.304 on 130m, 0.897 / 1.045 on
+# long_seq, 0.362 / 0.380 on the 8-group row; four heads spill (1.51 ms on 2.7B). A chunk of one
+# token block takes one head: two ran 0.638 against 0.528 ms at chunk 64, and compile only with
+# the block's product added to the accumulator instead of accumulated in it (tileiras 13.4:
+# "Invalid use-def chain in schedule" on products chained outside a loop of several
+# iterations). bfloat16 / float16 inputs take one head: their C B^T is a product at twice the
+# TF32 rate, and one head ran 0.610 against 0.718 ms (2.7B row, bfloat16), 0.321 / 0.374 (8
+# groups).
+MAX_HEADS = 2
 MAX_BLOCK_P = 64
 TILE_ELEMENTS = 8192
 # Two programs per SM: on the H200 (benchmarks/NOTES.md, run 7) one, three or four were slower
@@ -29,12 +40,13 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
                         seg: ct.IndexedWithInt64, y: ct.IndexedWithInt64,
                         CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
                         BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
-                        HAS_D: ct.Constant[bool], D_PER_HEADDIM: ct.Constant[bool],
-                        HAS_Z: ct.Constant[bool], HAS_SEQ_IDX: ct.Constant[bool]):
-    """One program: y for BLOCK_T tokens x BLOCK_P headdim columns of one (batch, head);
-    grid (token blocks x headdim blocks, nheads, batch)."""
+                        HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
+                        D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool],
+                        HAS_SEQ_IDX: ct.Constant[bool]):
+    """One program: y for BLOCK_T tokens x BLOCK_P headdim columns of HEADS heads of one group
+    and batch; grid (token blocks x headdim blocks, nheads / HEADS, batch)."""
     tp = ct.bid(0)
-    h = ct.bid(1)
+    hb = ct.bid(1)  # head block: heads hb * HEADS ... hb * HEADS + HEADS - 1, one group
     b = ct.bid(2)
     p_blocks = ct.cdiv(x.shape[3], BLOCK_P)
     tb = tp // p_blocks  # token block, in units of BLOCK_T tokens
@@ -42,80 +54,116 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     T_PER_CHUNK = CHUNK // BLOCK_T
     c = tb // T_PER_CHUNK
     i = tb % T_PER_CHUNK  # the token block's position in its chunk
-    g = h // (x.shape[2] // B.shape[2])  # the group head h reads
+    g = hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
 
-    # The program accumulates y^T, [BLOCK_P, BLOCK_T]: its products take the state, B_s or x
+    # Each head accumulates y^T, [BLOCK_P, BLOCK_T]: its products take the state, B_s or x
     # (transposed) as their first operand and C^T, or the computed (C B^T o L)^T, as second.
     # On the H200 this order ran 1.19 -> 0.98 ms on the Mamba-2 2.7B row and 1.01 -> 0.54 at
-    # chunk 64 against accumulating y with x second (benchmarks/NOTES.md, runs 6 and 7).
-    a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))
-    # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32 at
-    # once (exact), so the arithmetic below is the same for every input dtype
+    # chunk 64 against accumulating y with x second (benchmarks/NOTES.md, runs 6 and 7). The
+    # heads' tiles are tuples unrolled at compile time, so every product stays two-dimensional.
+    # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32 (exact)
+    # before any arithmetic, so that is the same for every input dtype
     Ct = ct.load(C, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
-                 padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-    CtT = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE))).astype(ct.tfloat32)  # [DSTATE, BLOCK_T]
-
-    # carried-state term: 2^(a_t) * S_c . C_t^T
-    S = ct.load(chunk_states, (b, c, h, pb, 0), shape=(1, 1, 1, BLOCK_P, DSTATE),
-                padding_mode=ct.PaddingMode.ZERO)
-    S = ct.reshape(S, (BLOCK_P, DSTATE)).astype(ct.tfloat32)
-    acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))  # [BLOCK_P, BLOCK_T]
-    decay_in = ct.exp2(ct.minimum(a_t, 0.0))  # [1, BLOCK_T]; clamp: rounding must not make it > 1
+                 padding_mode=ct.PaddingMode.ZERO)
+    Ct = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [DSTATE, BLOCK_T]
+    CtT = Ct.astype(ct.float32).astype(ct.tfloat32)
+    # C . B^T takes bfloat16 / float16 operands as they are: their values are exact in TF32 and
+    # their products exact in float32, so the product is the same at twice the TF32 rate
+    CtT_cb = CtT if C.dtype == ct.float32 else Ct
     if HAS_SEQ_IDX:
         seg_t = ct.load(seg, (b, tb), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
         # the carried state belongs to the segment of the token before the chunk (chunk 0: 0)
         seg_before = ct.load(seg, (b, ct.maximum(c * CHUNK - 1, 0)), shape=(1, 1))
-        decay_in = ct.where(seg_t == seg_before, decay_in, 0.0)
-    acc = acc * decay_in  # [BLOCK_P, BLOCK_T]
 
-    # intra-chunk term: sum over s-blocks j <= i of (dt_s x_s)^T (C_t . B_s^T o L)^T
+    # carried-state term: 2^(a_t) * S_c . C_t^T
+    a_ts = ()
+    accs = ()
+    for k in ct.static_iter(range(HEADS)):
+        h = hb * HEADS + k
+        a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)),
+                         (1, BLOCK_T))
+        S = ct.load(chunk_states, (b, c, h, pb, 0), shape=(1, 1, 1, BLOCK_P, DSTATE),
+                    padding_mode=ct.PaddingMode.ZERO)
+        S = ct.reshape(S, (BLOCK_P, DSTATE)).astype(ct.tfloat32)
+        # [BLOCK_P, BLOCK_T]
+        acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
+        # [1, BLOCK_T]; clamp: rounding must not make it > 1
+        decay_in = ct.exp2(ct.minimum(a_t, 0.0))
+        if HAS_SEQ_IDX:
+            decay_in = ct.where(seg_t == seg_before, decay_in, 0.0)
+        a_ts += (a_t,)
+        accs += (acc * decay_in,)
+
+    # intra-chunk term: sum over s-blocks j <= i of (dt_s x_s)^T (C_t . B_s^T o L)^T; C_t . B_s^T
+    # is the group's, one product for the program's heads
     cols = ct.reshape(i * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
     for j in range(i + 1):
         sb = c * T_PER_CHUNK + j
         Bs = ct.load(B, (b, sb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
-                     padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-        Bs = ct.reshape(Bs, (BLOCK_T, DSTATE)).astype(ct.tfloat32)
-        cbT = ct.mma(Bs, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
-        a_s = ct.reshape(ct.load(dA_cumsum, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)), (BLOCK_T, 1))
-        dt_s = ct.reshape(ct.load(dt_out, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)), (BLOCK_T, 1))
+                     padding_mode=ct.PaddingMode.ZERO)
+        Bs = ct.reshape(Bs, (BLOCK_T, DSTATE))
+        if B.dtype == ct.float32:
+            Bs = Bs.astype(ct.tfloat32)
+        cbT = ct.mma(Bs, CtT_cb, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
         rows = ct.reshape(j * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
         keep = rows <= cols  # causal: s <= t
         if HAS_SEQ_IDX:
             seg_s = ct.load(seg, (b, sb), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
             keep = keep & (ct.reshape(seg_s, (BLOCK_T, 1)) == seg_t)
-        # L^T[s, t] = 2^(a_t - a_s): a select on a clamped exponent, so 2^(positive) is never
-        # formed above the diagonal and no inf * 0 can appear
-        LT = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
-        xs = ct.load(x, (b, sb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
-                     padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-        xsT = ct.transpose(ct.reshape(xs, (BLOCK_T, BLOCK_P))).astype(ct.tfloat32)  # [P, s]
-        acc = ct.mma(xsT, (cbT * LT * dt_s).astype(ct.tfloat32), acc)
+        new_accs = ()
+        for k in ct.static_iter(range(HEADS)):
+            h = hb * HEADS + k
+            a_s = ct.reshape(ct.load(dA_cumsum, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)),
+                             (BLOCK_T, 1))
+            dt_s = ct.reshape(ct.load(dt_out, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)),
+                              (BLOCK_T, 1))
+            # L^T[s, t] = 2^(a_t - a_s): a select on a clamped exponent, so 2^(positive) is
+            # never formed above the diagonal and no inf * 0 can appear
+            LT = ct.where(keep, ct.exp2(ct.minimum(a_ts[k] - a_s, 0.0)), 0.0)  # [s, t]
+            xs = ct.load(x, (b, sb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+                         padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+            xsT = ct.transpose(ct.reshape(xs, (BLOCK_T, BLOCK_P))).astype(ct.tfloat32)  # [P, s]
+            W = (cbT * LT * dt_s).astype(ct.tfloat32)  # [s, t]
+            new_accs += (ct.mma(xsT, W, accs[k]),)
+        accs = new_accs
 
-    if HAS_D:
-        xt = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
-                     padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-        if D_PER_HEADDIM:
-            d = ct.load(D, (h, pb), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
-            d = ct.reshape(d, (BLOCK_P, 1))
-        else:
-            d = ct.reshape(ct.load(D, (h,), shape=(1,)), (1, 1))
-        acc = acc + d * ct.transpose(ct.reshape(xt, (BLOCK_T, BLOCK_P)))
-    if HAS_Z:
-        zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
-                     padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-        zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
-        # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is inf
-        # and the gate is -0, its limit
-        acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
-    # rows past seqlen and columns past headdim are masked by the store; y has x's dtype (one
-    # rounding of the float32 result for narrow inputs)
-    yt = ct.transpose(acc)  # [BLOCK_T, BLOCK_P]
-    ct.store(y, (b, tb, h, pb), ct.reshape(yt, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
+    for k in ct.static_iter(range(HEADS)):
+        h = hb * HEADS + k
+        acc = accs[k]
+        if HAS_D:
+            xt = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+                         padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+            if D_PER_HEADDIM:
+                d = ct.load(D, (h, pb), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
+                d = ct.reshape(d, (BLOCK_P, 1))
+            else:
+                d = ct.reshape(ct.load(D, (h,), shape=(1,)), (1, 1))
+            acc = acc + d * ct.transpose(ct.reshape(xt, (BLOCK_T, BLOCK_P)))
+        if HAS_Z:
+            zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+                         padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+            zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
+            # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is
+            # inf and the gate is -0, its limit
+            acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
+        # rows past seqlen and columns past headdim are masked by the store; y has x's dtype
+        # (one rounding of the float32 result for narrow inputs)
+        yt = ct.transpose(acc)  # [BLOCK_T, BLOCK_P]
+        ct.store(y, (b, tb, h, pb), ct.reshape(yt, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
 
 
 # the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
 _compute_out = ct.kernel(int32_indexed(_compute_out_kernel), occupancy=OCCUPANCY)
 _compute_out_int64 = ct.kernel(_compute_out_kernel, occupancy=OCCUPANCY)
+
+
+def heads_per_program(heads_per_group: int, max_heads: int) -> int:
+    """The most heads of one group a program can take: a power of two (a tile extent) that
+    divides the group's heads, at most max_heads."""
+    heads = 1
+    while heads * 2 <= max_heads and heads_per_group % (heads * 2) == 0:
+        heads *= 2
+    return heads
 
 
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
@@ -131,10 +179,12 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
     dstate_tile = pow2_tile(dstate, lo=MMA_MIN)
     block_t = max(MMA_MIN, min(chunk_size, MAX_BLOCK_T, TILE_ELEMENTS // dstate_tile))
     block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
-    grid = (-(-seqlen // block_t) * -(-headdim // block_p), nheads, batch)
+    several = chunk_size > block_t and dtype_name(x) == "float32"
+    heads = heads_per_program(nheads // int(B.shape[2]), MAX_HEADS if several else 1)
+    grid = (-(-seqlen // block_t) * -(-headdim // block_p), nheads // heads, batch)
     args = (x, B, C, dt_out, dA_cumsum, chunk_states,
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
-            chunk_size, block_t, block_p, dstate_tile,
+            chunk_size, block_t, block_p, dstate_tile, heads,
             D is not None, D is not None and len(D.shape) == 2, z is not None, seg is not None)
     kernel = _compute_out_int64 if needs_int64(*args) else _compute_out
     return kernel, grid, args

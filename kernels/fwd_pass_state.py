@@ -3,6 +3,8 @@ in blocks of up to 128 tokens)."""
 
 from __future__ import annotations
 
+import math
+
 import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args
@@ -18,12 +20,15 @@ from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, need
 # row, 0.585 against 0.523 at chunk 64; benchmarks/NOTES.md).
 MAX_BLOCK_P = 64
 MAX_BLOCK_N = 128
-# A chunk of up to WHOLE_CHUNK_K tokens is one product; longer chunks go MAX_BLOCK_K tokens at a
-# time. H200, benchmarks/NOTES.md runs 8-9: chunk 128 (8-group row) as one product at two
-# programs per SM 0.160 ms, against 0.186 as two products; chunk 256, the compiler's occupancy:
-# 0.347 ms on the 2.7B row and 0.460 on long_seq, against 0.385 / 0.508 with products of 128
-# tokens (at two per SM 0.310 / 0.528: it pays at batch 4 only); chunk 64 at the compiler's
-# occupancy 0.523 ms, at two per SM 0.588.
+# A chunk of up to WHOLE_CHUNK_K tokens is one product. A longer chunk goes WHOLE_CHUNK_K tokens
+# at a time when the grid has more programs than the GPU has SMs, else MAX_BLOCK_K at a time.
+# Products of WHOLE_CHUNK_K tokens run two programs per SM. H200, benchmarks/NOTES.md runs 8-11:
+# chunk 128 (8-group row) as one product at two per SM 0.160 ms, against 0.186 as two products;
+# chunk 256 in products of 128 at two per SM against 64 at the compiler's occupancy: 0.309
+# against 0.348 ms on the 2.7B row (320 programs), 0.096 against 0.122 on the 130m row (192),
+# but 0.523 against 0.458 on long_seq (80 programs, fewer than the 132 SMs: each program runs
+# alone and the larger compile of one per SM is faster); chunk 64 at the compiler's occupancy
+# 0.523 ms, at two per SM 0.588.
 WHOLE_CHUNK_K = 128
 MAX_BLOCK_K = 64
 WHOLE_CHUNK_OCCUPANCY = 2  # for products of WHOLE_CHUNK_K tokens
@@ -106,20 +111,26 @@ _fwd_pass_state_int64_whole_chunk_k = _fwd_pass_state_int64.replace_hints(
     occupancy=WHOLE_CHUNK_OCCUPANCY)
 
 
-def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states, final_states):
+def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states, final_states,
+                          sm_count):
     """(kernel, grid, kernel args) of _fwd_pass_state_kernel: the one place its tiles and its
     kernel object (index width, occupancy) are chosen.
 
-    Reads only shapes, so the compile gate derives its signatures from here too. `seg` is the
-    (batch, seqlen) int32 segment ids, or None.
+    Reads only shapes and the device's SM count, so the compile gate derives its signatures from
+    here too. `seg` is the (batch, seqlen) int32 segment ids, or None.
     """
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     dstate = int(B.shape[3])
     chunk_size = int(dt_out.shape[3])
     block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
     block_n = pow2_tile(dstate, lo=MMA_MIN, hi=MAX_BLOCK_N)
-    block_k = chunk_size if chunk_size <= WHOLE_CHUNK_K else MAX_BLOCK_K
     grid = (-(-headdim // block_p) * -(-dstate // block_n), nheads, batch)
+    if chunk_size <= WHOLE_CHUNK_K:
+        block_k = chunk_size
+    elif math.prod(grid) > sm_count:
+        block_k = WHOLE_CHUNK_K
+    else:
+        block_k = MAX_BLOCK_K
     args = (x, B, dt_out, dA_cumsum, x if initial_states is None else initial_states,
             dt_out if seg is None else seg, chunk_states, final_states,
             chunk_size, block_k, block_p, block_n, initial_states is not None, seg is not None)
@@ -147,5 +158,5 @@ def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None):
     chunk_states = backend.empty(dims.shape("chunk_states"))
     final_states = backend.empty(dims.shape("final_states"))
     backend.launch(*fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg,
-                                          chunk_states, final_states))
+                                          chunk_states, final_states, backend.sm_count))
     return chunk_states, final_states

@@ -47,17 +47,17 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     y = backend.empty(dims.shape("y"), like=x)
     for kernel, grid, args in forward_launches(
             x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
-            dt_out, dA_cumsum, chunk_states, final_states, y):
+            dt_out, dA_cumsum, chunk_states, final_states, y, backend.sm_count):
         backend.launch(kernel, grid, args)
     return (y, final_states) if return_final_states else y
 
 
 def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
-                     dt_out, dA_cumsum, chunk_states, final_states, y):
+                     dt_out, dA_cumsum, chunk_states, final_states, y, sm_count):
     """The launches of one forward, in order: [(kernel, grid, args)].
 
-    Reads only shapes (and which optional arrays are given), so the compile gate derives the
-    specializations ssd_forward uses from here, with stand-in arrays.
+    Reads only shapes (and which optional arrays are given) and the device's SM count, so the
+    compile gate derives the specializations ssd_forward uses from here, with stand-in arrays.
     1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size)
     2. fwd_pass_state: the state entering every chunk, and the final state
     3. compute_out: y
@@ -65,6 +65,6 @@ def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_soft
     return [
         chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit),
         fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
-                              final_states),
+                              final_states, sm_count),
         compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y),
     ]

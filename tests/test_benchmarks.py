@@ -17,6 +17,7 @@ within the same bound of unit u_bf16 (properties.bounds.comparator_narrow_bounds
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import struct
@@ -520,7 +521,9 @@ def test_sweep_variants_and_ablations_apply_to_the_kernel_source(tmp_path):
             for tag, constants, edits, _, source in entries:
                 mod = sweep.load_variant(module, constants, edits, tmp_path, f"{tag}_{ablate}",
                                          source)
-                assert hasattr(mod, f"{module}_launch"), (module, tag)
+                launch = getattr(mod, f"{module}_launch")
+                parameters = inspect.signature(launch).parameters
+                assert all(k in parameters for k in sweep.LAUNCH_ARGS if k in constants), tag
 
 
 def test_compare_refuses_to_pass_on_nothing_compared(tmp_path, capsys):

@@ -68,6 +68,10 @@ CONFIGS = [
 NARROW = ("x", "B", "C", "z", "y")
 
 
+# the launchers size some tiles by the device's SM count: the gate compiles what the H200 runs
+H200_SM_COUNT = 132
+
+
 def config_launches(dims: Dims, opts: dict):
     """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins."""
     a = lambda name: ArraySpec(dims.shape(name),
@@ -79,7 +83,7 @@ def config_launches(dims: Dims, opts: dict):
         a("initial_states") if opts.get("initial_states") else None,
         ArraySpec(dims.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
         opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
-        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"))
+        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"), H200_SM_COUNT)
 
 
 def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:

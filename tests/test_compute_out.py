@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import reference as R
+from contract import Dims
 from kernels import compute_out
 from properties.bounds import KAPPA
 from shapes import BACKENDS, CASES, check_within, make_inputs, on_backend, step_options
@@ -27,3 +28,26 @@ def test_compute_out_matches_reference(case, backend, request):
     y = compute_out(**on_backend(backend, inputs))
     assert y.shape == y_ref.shape
     check_within("y", y, y_ref, M, KAPPA, request.node.name)
+
+
+@pytest.mark.parametrize("dims, dtype, heads", [
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float32", 2, id="mamba2_2p7b_two_heads"),
+    pytest.param(Dims(4, 4096, 64, 64, 8, 64, 128), "float32", 2, id="groups_8_two_heads"),
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "bfloat16", 1, id="bfloat16_one_head"),
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 64), "float32", 1,
+                 id="chunk_of_one_token_block_one_head"),
+    pytest.param(Dims(1, 512, 6, 64, 2, 64, 256), "float32", 1,
+                 id="three_heads_per_group_one_head"),
+    pytest.param(Dims(1, 512, 8, 64, 8, 64, 256), "float32", 1, id="one_head_per_group"),
+])
+def test_a_program_takes_heads_of_one_group(dims, dtype, heads):
+    """compute_out's programs each take `heads` heads: with float32 inputs a power of two
+    dividing the heads of a group (they share C B^T), one when the chunk is a single token
+    block; one with narrow inputs."""
+    from types import SimpleNamespace
+    from kernels.compute_out import compute_out_launch
+    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
+    _, grid, args = compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
+                                       a("chunk_states"), None, None, None, a("y"))
+    assert args[14] == heads  # HEADS
+    assert grid[1] * heads == dims.nheads

@@ -31,3 +31,28 @@ def test_fwd_pass_state_matches_reference(case, backend, request):
     assert states.shape == states_ref.shape and final.shape == final_ref.shape
     check_within("chunk_states", states, states_ref, states_M, KAPPA, request.node.name)
     check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sm_count, block_k", [
+    pytest.param(1, 128, id="grid_over_sm_count_products_of_128"),
+    pytest.param(10**6, 64, id="grid_under_sm_count_products_of_64"),
+])
+def test_chunk256_products_follow_the_grid_size(sm_count, block_k, backend, request, monkeypatch):
+    """At chunk 256 the launcher takes products of 128 tokens when the grid outnumbers the SMs,
+    else of 64: both paths against the reference, whatever the device's SM count."""
+    from kernels.arrays import Backend
+    from kernels.fwd_pass_state import fwd_pass_state_launch
+    case = next(c for c in CASES if c.id == "all_options_chunk256")
+    kw, dt_out, dA_cumsum = stage_inputs(case)
+    inputs = dict(x=kw["x"], B=kw["B"], dt_out=dt_out, dA_cumsum=dA_cumsum,
+                  initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
+    _, _, args = fwd_pass_state_launch(kw["x"], kw["B"], dt_out, dA_cumsum, None, None,
+                                       np.empty(0), np.empty(0), sm_count)
+    assert args[9] == block_k  # BLOCK_K
+    monkeypatch.setattr(Backend, "sm_count", property(lambda self: sm_count))
+    states, final = fwd_pass_state(**on_backend(backend, inputs))
+    states_ref, final_ref = R.fwd_pass_state_ref(**inputs)
+    states_M, final_M = R.fwd_pass_state_magnitude(**inputs)
+    check_within("chunk_states", states, states_ref, states_M, KAPPA, request.node.name)
+    check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name)
