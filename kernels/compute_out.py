@@ -10,8 +10,9 @@ from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, need
 from kernels.chunk_cumsum import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
 # Tile sizes (launcher-chosen constants, so performance work can tune them here): a program
-# computes [BLOCK_T, BLOCK_P] of y for each of its heads, looping over the chunk's s-blocks of BLOCK_T tokens up to the
-# diagonal (flash-attention-like), so a chunk x chunk matrix never exists, not even in registers.
+# computes [BLOCK_T, BLOCK_P] of y for each of its heads, looping over the chunk's s-blocks of
+# BLOCK_T tokens up to the diagonal (flash-attention-like), so a chunk x chunk matrix never
+# exists, not even in registers.
 # dstate is held whole (padded to a power of two); BLOCK_T shrinks as dstate grows so that the
 # C and B tiles, [BLOCK_T, DSTATE], stay at 8K elements.
 MAX_BLOCK_T = 64
