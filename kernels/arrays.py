@@ -128,7 +128,9 @@ class Backend:
     @property
     def sm_count(self) -> int:
         """The device's streaming multiprocessors (1 for the interpreter, which runs one program
-        at a time): the launchers that size programs by the grid read it."""
+        at a time): the launchers that size programs by the grid read it. So the interpreter
+        takes the large-grid choices (e.g. fwd_pass_state's 128-token products at chunk 256) for
+        almost every shape; the small-grid ones run on the GPU, and the stage tests force both."""
         return _sm_count(self.kind, self.device)
 
     def launch(self, kernel, grid: tuple[int, int, int], args: tuple):

@@ -63,14 +63,14 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     # chunk 64 against accumulating y with x second (benchmarks/NOTES.md, runs 6 and 7). The
     # heads' tiles are tuples unrolled at compile time, so every product stays two-dimensional.
     # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32 (exact)
-    # before any arithmetic, so that is the same for every input dtype
+    # before any arithmetic, so that is the same for every input dtype, except C . B^T: it takes
+    # bfloat16 / float16 operands as they are (their values are exact in TF32, their products
+    # exact in float32, accumulated in float32 as before), at twice the TF32 rate
     Ct = ct.load(C, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                  padding_mode=ct.PaddingMode.ZERO)
-    Ct = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [DSTATE, BLOCK_T]
-    CtT = Ct.astype(ct.float32).astype(ct.tfloat32)
-    # C . B^T takes bfloat16 / float16 operands as they are: their values are exact in TF32 and
-    # their products exact in float32, so the product is the same at twice the TF32 rate
-    CtT_cb = CtT if C.dtype == ct.float32 else Ct
+    CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [DSTATE, BLOCK_T], C's dtype
+    CtT = CtT_in.astype(ct.float32).astype(ct.tfloat32)
+    CtT_cb = CtT if C.dtype == ct.float32 else CtT_in
     if HAS_SEQ_IDX:
         seg_t = ct.load(seg, (b, tb), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
         # the carried state belongs to the segment of the token before the chunk (chunk 0: 0)
@@ -168,11 +168,11 @@ def heads_per_program(heads_per_group: int, max_heads: int) -> int:
 
 
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
-    """(kernel, grid, kernel args) of _compute_out_kernel: the one place its tiles and its
-    kernel object (index width) are chosen.
+    """(kernel, grid, kernel args) of _compute_out_kernel: the one place its tiles, its heads per
+    program and its kernel object (index width) are chosen.
 
-    Reads only shapes, so the compile gate derives its signatures from here too. `seg` is the
-    (batch, seqlen) int32 segment ids, or None.
+    Reads only shapes and x's dtype, so the compile gate derives its signatures from here too.
+    `seg` is the (batch, seqlen) int32 segment ids, or None.
     """
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
     dstate = int(B.shape[3])
@@ -180,8 +180,8 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
     dstate_tile = pow2_tile(dstate, lo=MMA_MIN)
     block_t = max(MMA_MIN, min(chunk_size, MAX_BLOCK_T, TILE_ELEMENTS // dstate_tile))
     block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
-    several = chunk_size > block_t and dtype_name(x) == "float32"
-    heads = heads_per_program(nheads // int(B.shape[2]), MAX_HEADS if several else 1)
+    max_heads = MAX_HEADS if chunk_size > block_t and dtype_name(x) == "float32" else 1
+    heads = heads_per_program(nheads // int(B.shape[2]), max_heads)
     grid = (-(-seqlen // block_t) * -(-headdim // block_p), nheads // heads, batch)
     args = (x, B, C, dt_out, dA_cumsum, chunk_states,
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,

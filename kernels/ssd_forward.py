@@ -56,8 +56,9 @@ def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_soft
                      dt_out, dA_cumsum, chunk_states, final_states, y, sm_count):
     """The launches of one forward, in order: [(kernel, grid, args)].
 
-    Reads only shapes (and which optional arrays are given) and the device's SM count, so the
-    compile gate derives the specializations ssd_forward uses from here, with stand-in arrays.
+    Reads only shapes and dtypes (and which optional arrays are given) and the device's SM
+    count, so the compile gate derives the specializations ssd_forward uses from here, with
+    stand-in arrays.
     1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size)
     2. fwd_pass_state: the state entering every chunk, and the final state
     3. compute_out: y

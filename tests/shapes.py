@@ -7,6 +7,7 @@ tile interpreter) and "gpu" (CuPy inputs, marker gpu). A case's id says what it 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -57,6 +58,9 @@ CASES = [
     # groups: head h reads group h // (nheads // ngroups)
     Case("ngroups_2_of_8", 1, 96, 8, 16, 2, 16, 32),
     Case("ngroups_eq_nheads", 1, 64, 4, 16, 4, 16, 16),
+    # two heads per compute_out program (float32, chunk of several token blocks), two programs
+    # per group, two groups
+    Case("ngroups_2_of_8_chunk128", 1, 200, 8, 16, 2, 16, 128),
     # headdim / dstate not powers of two, tiny, and spanning several tiles
     Case("headdim_1_dstate_1", 1, 40, 2, 1, 1, 1, 16),
     Case("headdim_3_dstate_5", 1, 40, 2, 3, 1, 5, 16),
@@ -164,3 +168,28 @@ def check_within(name: str, got, ref, M, kappa: float, test_id: str, extra=0.0):
         f"{name}: {int(bad.sum())} of {bad.size} elements outside {kappa:.3g} u M; worst "
         f"err/(u M) = {worst:.4g}; NaN in result: {int(np.isnan(got).sum())}")
     return worst
+
+
+def launch_arg(kernel, args: tuple, name: str):
+    """The value a launch passes for the kernel parameter `name` (e.g. "BLOCK_K")."""
+    import inspect
+    return dict(zip(inspect.signature(kernel._pyfunc).parameters, args, strict=True))[name]
+
+
+@contextlib.contextmanager
+def recorded_launches():
+    """Within the block, every launch of the launchers is recorded as (kernel function name,
+    kernel, args), in order, and still run."""
+    from kernels.arrays import Backend
+    launches = []
+    original = Backend.launch
+
+    def launch(self, kernel, grid, args):
+        launches.append((kernel._pyfunc.__name__, kernel, args))
+        return original(self, kernel, grid, args)
+
+    Backend.launch = launch
+    try:
+        yield launches
+    finally:
+        Backend.launch = original

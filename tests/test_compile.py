@@ -12,6 +12,7 @@ constants.
 import importlib
 import inspect
 import io
+import itertools
 import math
 import typing
 
@@ -51,8 +52,9 @@ CONFIGS = [
      dict(D="head", dtype="bfloat16")),
     ("all_options_chunk128_fp16", Dims(4, 4096, 64, 64, 8, 64, 128),
      dict(ALL_OPTIONS, dtype="float16")),
-    # every option at chunk 256 (fwd_pass_state's products are then 64 of its tokens); the 2.7B
-    # layout at chunk 128 (one product of 128 tokens x dstate 128, fwd_pass_state's largest tile)
+    # every option at chunk 256 (fwd_pass_state's products of 64 or of 128 of its tokens, by the
+    # SM count); the 2.7B layout at chunk 128 (one product of 128 tokens x dstate 128,
+    # fwd_pass_state's largest tile)
     ("all_options_chunk256_fp16", Dims(2, 1000, 8, 64, 2, 128, 256),
      dict(ALL_OPTIONS, dtype="float16")),
     ("mamba2_2p7b_chunk128", Dims(4, 4096, 80, 64, 1, 128, 128), dict(D="head")),
@@ -68,12 +70,15 @@ CONFIGS = [
 NARROW = ("x", "B", "C", "z", "y")
 
 
-# the launchers size some tiles by the device's SM count: the gate compiles what the H200 runs
-H200_SM_COUNT = 132
+# The launchers choose some tiles by the device's SM count (fwd_pass_state at chunk 256: 128-token
+# products when the grid has more programs than SMs). The gate compiles the choices of a one-SM
+# device and of an unbounded one, so whatever a device picks has been compiled.
+SM_COUNTS = (1, 2**31)
 
 
-def config_launches(dims: Dims, opts: dict):
-    """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins."""
+def config_launches(dims: Dims, opts: dict, sm_count: int):
+    """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins, on a
+    device of `sm_count` SMs."""
     a = lambda name: ArraySpec(dims.shape(name),
                                opts.get("dtype", "float32") if name in NARROW else "float32")
     return forward_launches(
@@ -83,7 +88,7 @@ def config_launches(dims: Dims, opts: dict):
         a("initial_states") if opts.get("initial_states") else None,
         ArraySpec(dims.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
         opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
-        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"), H200_SM_COUNT)
+        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"), sm_count)
 
 
 def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:
@@ -130,8 +135,8 @@ KERNEL_NAMES = {id(obj): name for name, obj in KERNELS.items()}
 def specializations() -> dict:
     """{kernel name: (kernel, [launch args])}, each distinct specialization once."""
     found = {}
-    for config, dims, opts in CONFIGS:
-        for kernel, _, args in config_launches(dims, opts):
+    for (config, dims, opts), sm_count in itertools.product(CONFIGS, SM_COUNTS):
+        for kernel, _, args in config_launches(dims, opts, sm_count):
             name = KERNEL_NAMES.get(id(kernel))
             assert name is not None, (
                 f"{config}: the launcher chose a {kernel._pyfunc.__name__} object that no kernel "
@@ -198,8 +203,9 @@ def test_kernel_objects_index_as_their_names_say():
     # chunk_states and y stay below: the index width must follow every array
     pytest.param(Dims(4200, 100, 2048, 2, 1, 16, 256), id="only_dt_out_over_2_pow_31"),
 ])
-def test_launchers_choose_int64_objects_when_an_array_reaches_2_pow_31(dims):
-    for kernel, _, _ in config_launches(dims, {}):
+@pytest.mark.parametrize("sm_count", SM_COUNTS)
+def test_launchers_choose_int64_objects_when_an_array_reaches_2_pow_31(dims, sm_count):
+    for kernel, _, _ in config_launches(dims, {}, sm_count):
         assert KERNEL_NAMES[id(kernel)].endswith(("_int64", "_int64_whole_chunk_k")), (
             KERNEL_NAMES[id(kernel)])
 

@@ -7,7 +7,8 @@ import reference as R
 from contract import Dims
 from kernels import compute_out
 from properties.bounds import KAPPA
-from shapes import BACKENDS, CASES, check_within, make_inputs, on_backend, step_options
+from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
+                    step_options)
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
@@ -34,6 +35,10 @@ def test_compute_out_matches_reference(case, backend, request):
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float32", 2, id="mamba2_2p7b_two_heads"),
     pytest.param(Dims(4, 4096, 64, 64, 8, 64, 128), "float32", 2, id="groups_8_two_heads"),
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "bfloat16", 1, id="bfloat16_one_head"),
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float16", 1, id="float16_one_head"),
+    # dstate 256: token blocks of 32, so a chunk of 64 holds two of them
+    pytest.param(Dims(1, 512, 4, 64, 1, 256, 64), "float32", 2,
+                 id="chunk_of_two_token_blocks_two_heads"),
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 64), "float32", 1,
                  id="chunk_of_one_token_block_one_head"),
     pytest.param(Dims(1, 512, 6, 64, 2, 64, 256), "float32", 1,
@@ -47,7 +52,7 @@ def test_a_program_takes_heads_of_one_group(dims, dtype, heads):
     from types import SimpleNamespace
     from kernels.compute_out import compute_out_launch
     a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
-    _, grid, args = compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
-                                       a("chunk_states"), None, None, None, a("y"))
-    assert args[14] == heads  # HEADS
+    kernel, grid, args = compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
+                                            a("chunk_states"), None, None, None, a("y"))
+    assert launch_arg(kernel, args, "HEADS") == heads
     assert grid[1] * heads == dims.nheads

@@ -6,7 +6,8 @@ import pytest
 import reference as R
 from kernels import fwd_pass_state
 from properties.bounds import KAPPA
-from shapes import BACKENDS, CASES, check_within, make_inputs, on_backend, step_options
+from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
+                    recorded_launches, step_options)
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
@@ -39,19 +40,22 @@ def test_fwd_pass_state_matches_reference(case, backend, request):
     pytest.param(10**6, 64, id="grid_under_sm_count_products_of_64"),
 ])
 def test_chunk256_products_follow_the_grid_size(sm_count, block_k, backend, request, monkeypatch):
-    """At chunk 256 the launcher takes products of 128 tokens when the grid outnumbers the SMs,
-    else of 64: both paths against the reference, whatever the device's SM count."""
+    """At chunk 256 the launcher takes products of 128 tokens when the grid outnumbers the
+    device's SMs, else of 64 (fwd_pass_state and ssd_forward pass the device's count): both
+    paths against the reference, whatever the SM count of the device the tests run on."""
+    from kernels import ssd_forward
     from kernels.arrays import Backend
-    from kernels.fwd_pass_state import fwd_pass_state_launch
     case = next(c for c in CASES if c.id == "all_options_chunk256")
     kw, dt_out, dA_cumsum = stage_inputs(case)
     inputs = dict(x=kw["x"], B=kw["B"], dt_out=dt_out, dA_cumsum=dA_cumsum,
                   initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
-    _, _, args = fwd_pass_state_launch(kw["x"], kw["B"], dt_out, dA_cumsum, None, None,
-                                       np.empty(0), np.empty(0), sm_count)
-    assert args[9] == block_k  # BLOCK_K
     monkeypatch.setattr(Backend, "sm_count", property(lambda self: sm_count))
-    states, final = fwd_pass_state(**on_backend(backend, inputs))
+    with recorded_launches() as launches:
+        states, final = fwd_pass_state(**on_backend(backend, inputs))
+        ssd_forward(**on_backend(backend, kw), return_final_states=True)
+    block_ks = [launch_arg(kernel, args, "BLOCK_K") for name, kernel, args in launches
+                if name == "_fwd_pass_state_kernel"]
+    assert block_ks == [block_k, block_k]  # fwd_pass_state's, then ssd_forward's
     states_ref, final_ref = R.fwd_pass_state_ref(**inputs)
     states_M, final_M = R.fwd_pass_state_magnitude(**inputs)
     check_within("chunk_states", states, states_ref, states_M, KAPPA, request.node.name)

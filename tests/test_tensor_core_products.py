@@ -19,7 +19,8 @@ TENSOR_CORE_OPERANDS = (ct.tfloat32, ct.bfloat16, ct.float16)
 
 @pytest.mark.properties
 @pytest.mark.parametrize("case", [c.param() for c in CASES
-                                  if c.id in ("all_options_chunk16", "headdim_3_dstate_5")])
+                                  if c.id in ("all_options_chunk16", "headdim_3_dstate_5",
+                                              "all_options_chunk256")])
 def test_every_product_has_tensor_core_operands(case):
     with record_mma_operands() as products:
         ssd_forward(**make_inputs(case), return_final_states=True)
