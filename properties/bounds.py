@@ -165,7 +165,10 @@ def float64_chunked_rel(chunk_size: int, dA_cumsum) -> float:
 # y in the inputs' dtype): the derivation
 # ------------------------------------------------------------------------------------------
 # The kernels widen every narrow load to float32 at once, exactly (bfloat16 and float16 values
-# are float32 values), and then compute exactly as for float32 inputs. So with y_ref the float64
+# are float32 values), and then compute as for float32 inputs, except that compute_out's C B^T
+# takes the narrow operands directly: their values are exact in TF32 (the TF32 rounding the
+# float32 bound counts on each operand is then zero) and their products exact in float32,
+# accumulated in float32 as before, so the float32 bound still covers it. So with y_ref the float64
 # forward of the narrow inputs' own values (upcast, not the float32 data they were rounded
 # from), the float32 result y32 the kernel holds before its store satisfies the float32 bound b
 # above: |y32 - y_ref| <= b. The store rounds y32 to the narrow format, to nearest:
