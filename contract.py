@@ -72,9 +72,16 @@ class Dims:
         return tuple(getattr(self, d) for d in SHAPES[name])
 
 
+_DTYPE_NAMES: dict = {}  # dtype object -> its name: str() of a dtype costs microseconds per call
+
+
 def dtype_name(a) -> str:
     """'float32', 'bfloat16', ... for NumPy, CuPy and torch arrays alike."""
-    return str(a.dtype).removeprefix("torch.")
+    dtype = a.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def _shape(name, a, rank):
@@ -112,18 +119,18 @@ def _activation(name, a, x, float_dtypes, activation_dtypes):
 
 
 def _host_vectors(*arrays) -> list[np.ndarray]:
-    """Small vectors as float64 NumPy arrays; GPU arrays of one kind are concatenated on the device
-    and copied to the host once (one synchronisation, not one per vector)."""
-    if arrays and all(hasattr(a, "get") for a in arrays):  # cupy
-        import cupy
-        flat = cupy.concatenate([cupy.ravel(a).astype(cupy.float64) for a in arrays]).get()
-    elif arrays and all(hasattr(a, "detach") for a in arrays):  # torch
-        import torch
-        flat = torch.cat([a.detach().reshape(-1).double() for a in arrays]).cpu().numpy()
-    else:
-        flat = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
-    sizes = np.cumsum([int(np.prod(a.shape)) for a in arrays])[:-1]
-    return np.split(flat, sizes)
+    """Small vectors as float64 NumPy arrays: GPU arrays are copied to the host one by one as
+    they are (the first copy waits for the GPU's queue), then widened on the host. On the H200,
+    idle, two per-head cupy vectors took 28 us so, against 120 us widened and concatenated on
+    the device first (three small kernels before one copy; benchmarks/NOTES.md, run 17)."""
+    host = []
+    for a in arrays:
+        if hasattr(a, "get"):  # cupy
+            a = a.get()
+        elif hasattr(a, "detach"):  # torch (a bfloat16 tensor has no NumPy view: widened first)
+            a = a.detach().cpu().double().numpy()
+        host.append(np.asarray(a, dtype=np.float64).ravel())
+    return host
 
 
 def check_chunk_size(chunk_size) -> int:
@@ -146,7 +153,8 @@ def check_dt_limit(dt_limit) -> tuple[float, float]:
 
 def check_vector_values(A=None, D=None, dt_bias=None):
     """A finite and < 0 for every head, D and dt_bias finite (those given): the value checks,
-    which read the values (for GPU arrays: one device-to-host copy, a synchronisation)."""
+    which read the values (for GPU arrays: a device-to-host copy per vector, the first of which
+    waits for the GPU)."""
     given = [(n, v) for n, v in (("A", A), ("D", D), ("dt_bias", dt_bias)) if v is not None]
     for (name, _), values in zip(given, _host_vectors(*(v for _, v in given))):
         if not np.all(np.isfinite(values)):

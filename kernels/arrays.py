@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import types
 import typing
 from dataclasses import dataclass
@@ -219,8 +218,13 @@ def needs_int64(*kernel_args) -> bool:
     """Whether one of the (C-contiguous) arrays among a launch's kernel arguments (anything with a
     shape; constants skipped) has 2^31 elements or more, so that an element offset exceeds
     int32. The launchers pass all their arguments, so no array can be left out."""
-    return any(math.prod(int(n) for n in a.shape) > INT32_MAX
-               for a in kernel_args if hasattr(a, "shape"))
+    return any(_elements(a) > INT32_MAX for a in kernel_args if hasattr(a, "shape"))
+
+
+def _elements(a) -> int:
+    """The element count of a NumPy / CuPy array (`size`) or a torch tensor (`numel()`)."""
+    size = a.size
+    return a.numel() if callable(size) else int(size)
 
 
 # Smallest tile extent the launchers feed to ct.mma; smaller dimensions are zero padded up to it.

@@ -6,7 +6,7 @@ import math
 
 import cuda.tile as ct
 
-from contract import Dims, check_chunk_cumsum_args, check_dt_limit
+from contract import Dims, check_chunk_cumsum_args, check_dt_limit, check_vector_values
 from kernels.arrays import backend_of, check_grid, int32_indexed, needs_int64, pow2_tile
 
 LOG2E = 1.4426950408889634  # log2(e): dA_cumsum is in log2 units, later exponentials are exp2
@@ -88,12 +88,15 @@ def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0
     backend = backend_of(dt=dt, A=A, dt_bias=dt_bias)
     batch, seqlen, nheads, chunk_size = check_chunk_cumsum_args(
         dt, A, chunk_size, dt_bias=dt_bias, dt_limit=dt_limit, float_dtypes=("float32",),
-        check_values=check_values)
+        check_values=False)
     dt_limit = check_dt_limit(dt_limit)
     check_grid(batch, nheads)
     dt, A, dt_bias = (backend.contiguous_float32(a) for a in (dt, A, dt_bias))
     dims = Dims(batch, seqlen, nheads, 1, 1, 1, chunk_size)
     dt_out = backend.empty(dims.shape("dt_out"))
     dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
-    backend.launch(*chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit))
+    launch = chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit)
+    if check_values:  # last before the launch, as in ssd_forward
+        check_vector_values(A, dt_bias=dt_bias)
+    backend.launch(*launch)
     return dt_out, dA_cumsum

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import cuda.tile as ct
 
-from contract import ACTIVATION_DTYPES, check_compute_out_args, dtype_name
+from contract import ACTIVATION_DTYPES, check_compute_out_args, check_vector_values, dtype_name
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, needs_int64,
                            pow2_tile)
 from kernels.chunk_cumsum import LOG2E  # the z gate's sigmoid is taken with exp2 too
@@ -200,7 +200,7 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
                          chunk_states=chunk_states, D=D, z=z, seq_idx=seq_idx)
     dims = check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, D=D, z=z,
                                   seq_idx=seq_idx, float_dtypes=("float32",),
-                                  activation_dtypes=ACTIVATION_DTYPES, check_values=check_values)
+                                  activation_dtypes=ACTIVATION_DTYPES, check_values=False)
     check_grid(dims.batch, dims.nheads)
     x, B, C = (backend.contiguous(a) for a in (x, B, C))
     dt_out, dA_cumsum, chunk_states = (
@@ -208,5 +208,8 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     D, z = backend.contiguous_float32(D), backend.contiguous(z)
     seg = backend.segment_ids(seq_idx)
     y = backend.empty(dims.shape("y"), like=x)
-    backend.launch(*compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y))
+    launch = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y)
+    if check_values and D is not None:  # last before the launch, as in ssd_forward
+        check_vector_values(D=D)
+    backend.launch(*launch)
     return y

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args
+from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values
 from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
@@ -23,16 +23,19 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
 
     Every argument is checked before the first launch; then the three kernels run in order
     (forward_launches). Checking the values of A, D and dt_bias (A < 0, all finite) copies them
-    to the host: one synchronisation per call. `check_values=False` (keyword only) leaves that
-    check out, for CUDA graph capture and timing loops whose vectors were checked once before;
-    bad values are then the caller's responsibility (shapes and dtypes are still checked).
+    to the host: a synchronisation per call, which waits for the work already queued on the GPU.
+    It comes last, after the shape checks, the allocations and the launch arguments, so that the
+    GPU idles only for the host's launch of the first kernel after it. `check_values=False`
+    (keyword only) leaves that check out, for CUDA graph capture and timing loops whose vectors
+    were checked once before; bad values are then the caller's responsibility (shapes and dtypes
+    are still checked).
     """
     backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                               initial_states=initial_states, seq_idx=seq_idx, dt_limit=dt_limit,
                               float_dtypes=("float32",), activation_dtypes=ACTIVATION_DTYPES,
-                              check_values=check_values)
+                              check_values=False)
     dt_limit = check_dt_limit(dt_limit)
     check_grid(dims.batch, dims.nheads)
     x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
@@ -45,9 +48,12 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     chunk_states = backend.empty(dims.shape("chunk_states"))
     final_states = backend.empty(dims.shape("final_states"))
     y = backend.empty(dims.shape("y"), like=x)
-    for kernel, grid, args in forward_launches(
-            x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
-            dt_out, dA_cumsum, chunk_states, final_states, y, backend.sm_count):
+    launches = forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
+                                dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y,
+                                backend.sm_count)
+    if check_values:
+        check_vector_values(A, D=D, dt_bias=dt_bias)
+    for kernel, grid, args in launches:
         backend.launch(kernel, grid, args)
     return (y, final_states) if return_final_states else y
 

@@ -114,8 +114,9 @@ def test_chunk_cumsum_refuses(kw):
             chunk_size=16, dt_bias=np.full(4, np.inf, np.float32))
 
 
-def test_vector_values_read_with_one_host_copy(kw, monkeypatch):
-    """A, D and dt_bias are read together (on a GPU: one device-to-host copy, one sync)."""
+def test_vector_values_read_together(kw, monkeypatch):
+    """A, D and dt_bias are read in one call (on a GPU, one wait for the queued work: the copies
+    after the first find it drained)."""
     copies = []
     read = contract._host_vectors
     monkeypatch.setattr(contract, "_host_vectors", lambda *a: copies.append(len(a)) or read(*a))
@@ -123,6 +124,32 @@ def test_vector_values_read_with_one_host_copy(kw, monkeypatch):
     with pytest.raises(AssertionError, match="launched"):  # valid: checks pass, launch reached
         ssd_forward(**kw)
     assert copies == [3]
+
+
+@pytest.mark.parametrize("stage", ["ssd_forward", "chunk_cumsum", "compute_out"])
+def test_value_read_comes_last_before_the_launch(kw, monkeypatch, stage):
+    """The value read (a synchronisation on a GPU: it waits for the queued work) follows every
+    allocation and precedes the launch, so the GPU idles only for the launch after it."""
+    events = []
+    read = contract._host_vectors
+    monkeypatch.setattr(contract, "_host_vectors", lambda *a: events.append("read") or read(*a))
+    empty = arrays.Backend.empty
+    monkeypatch.setattr(arrays.Backend, "empty",
+                        lambda *a, **k: events.append("allocate") or empty(*a, **k))
+    monkeypatch.setattr(arrays.Backend, "launch", lambda *a: events.append("launch"))
+    kw["D"] = -kw["A"]
+    if stage == "ssd_forward":
+        ssd_forward(**kw)
+        allocations, launches = 5, 3
+    elif stage == "chunk_cumsum":
+        chunk_cumsum(kw["dt"], kw["A"], 16)
+        allocations, launches = 2, 1
+    else:
+        s = stage_kw(kw)
+        compute_out(s["x"], kw["B"], kw["C"], s["dt_out"], s["dA_cumsum"],
+                    f32(2, 3, 4, 8, 16), D=kw["D"])
+        allocations, launches = 1, 1
+    assert events == ["allocate"] * allocations + ["read"] + ["launch"] * launches
 
 
 def test_check_values_false_skips_only_the_value_reads(kw, monkeypatch):
