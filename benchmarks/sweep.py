@@ -41,6 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # launcher arguments a variant may set among its constants (the others are module constants)
 LAUNCH_ARGS = ("sm_count",)
+# each swept module's launcher: fwd_pass_state's returns its launches, compute_out's its launch
+LAUNCHERS = {"fwd_pass_state": "fwd_pass_state_launches", "compute_out": "compute_out_launch"}
 # (name, module constants, textual edits [(old, new, count)], compiler hints); the first of each
 # list is the code as committed (its output is the reference of the others). Hints replace the
 # ones of the kernel object the launcher chose for the row's shape; a variant without an occ
@@ -70,14 +72,17 @@ FWD_PASS_STATE_VARIANTS = [
     ("int64", INT64, [], {}),
     ("occ1", {}, [], {"occupancy": 1}),
     ("occ2", {}, [], {"occupancy": 2}),
-    # the launcher's choice for a grid of fewer programs than SMs / of more (at chunk 256:
-    # products of 64 tokens at the compiler's occupancy / of 128 at two per SM)
-    ("small_grid", {"sm_count": 10**9}, [], {}),
+    # the launcher's choice for a grid of fewer programs than SMs / of as many or more: the
+    # chunks in parallel then the pass / the chunks in order
+    ("small_grid", {"sm_count": 2**31}, [], {}),
     ("large_grid", {"sm_count": 1}, [], {}),
     ("K64", {"WHOLE_CHUNK_K": 64}, [], {}),  # chunk 128 as two products
     ("N64", {"MAX_BLOCK_N": 64}, [], {}),
     ("N64_occ2", {"MAX_BLOCK_N": 64}, [], {"occupancy": 2}),
     ("P32", {"MAX_BLOCK_P": 32}, [], {}),
+    # the chunks in parallel: products of 64 tokens; the pass on larger slices
+    ("small_grid_K64", {"sm_count": 2**31, "WHOLE_CHUNK_K": 64}, [], {}),
+    ("small_grid_pass64", {"sm_count": 2**31, "PASS_BLOCK_P": 64, "PASS_BLOCK_N": 64}, [], {}),
 ]
 # Ablations: (name, textual edits) that leave one stage out, timed beside the committed kernel.
 # compute_out: the intra-chunk loop (whole / diagonal block only), its exp2, its second product,
@@ -96,7 +101,8 @@ COMPUTE_OUT_ABLATIONS = [
 FWD_PASS_STATE_ABLATIONS = [
     ("abl_no_chunk_store",
      [("ct.store(chunk_states, (b, c, h, pb, nb),\n"
-       "                 ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))", "pass", 1)]),
+       "                     ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))", "pass",
+       1)]),
     ("abl_no_exp2", [("dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))",
                       "dtk * ct.minimum(a_last - ak, 0.0)", 1)]),
 ]
@@ -194,20 +200,25 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None, lists=()):
                 out = (cupy.full(chunk_states.shape, math.nan, cupy.float32),
                        cupy.full(chunk_states.shape[:1] + chunk_states.shape[2:], math.nan,
                                  cupy.float32))
-                kernel, grid, args = mod.fwd_pass_state_launch(
+                launches = getattr(mod, LAUNCHERS[module])(
                     inp["x"], inp["B"], dt_out, dA_cumsum, None, None, *out, sms)
                 check = out[0]
             else:
                 out = cupy.full(inp["x"].shape, math.nan, cupy.float32)
-                kernel, grid, args = mod.compute_out_launch(
+                launches = [getattr(mod, LAUNCHERS[module])(
                     inp["x"], inp["B"], inp["C"], dt_out, dA_cumsum, chunk_states, inp["D"],
-                    None, None, out)
+                    None, None, out)]
                 check = out
-            if hints:
-                kernel = kernel.replace_hints(**hints)
+            if hints:  # on the stage's first kernel (fwd_pass_state's state products)
+                kernel, grid, args = launches[0]
+                launches[0] = (kernel.replace_hints(**hints), grid, args)
+
+            def launch_all(launches=launches):
+                for kernel, grid, args in launches:
+                    ct.launch(stream, grid, kernel, args)
             t0 = time.perf_counter()
             try:
-                ct.launch(stream, grid, kernel, args)
+                launch_all()
                 cupy.cuda.runtime.deviceSynchronize()
             except Exception as e:  # a variant that does not compile is a result too
                 print(f"{name:12s} {module:14s} {tag:16s} FAILED {type(e).__name__}: "
@@ -220,12 +231,12 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None, lists=()):
             rel = float(cupy.nanmax(cupy.abs(check - ref)) / cupy.max(cupy.abs(ref)))
             if bool(cupy.isnan(check).any()):
                 rel = math.inf
-            ms = gpu_time(lambda: ct.launch(stream, grid, kernel, args), reps, flush)
+            ms = gpu_time(launch_all, reps, flush)
+            grids = [list(grid) for _, grid, _ in launches]
             results.append(dict(row=name, kernel=module, variant=tag, ms=ms, rel=rel,
-                                compile_s=compile_s, grid=list(grid)))
+                                compile_s=compile_s, grid=grids))
             print(f"{name:12s} {module:14s} {tag:16s} {ms:8.4f} ms  rel {rel:.2e}  "
-                  f"compile {compile_s:5.1f} s  grid {grid}", flush=True)
-
+                  f"compile {compile_s:5.1f} s  grid {' '.join(map(str, grids))}", flush=True)
 
 def time_forward(name, reps, flush, results):
     import kernels

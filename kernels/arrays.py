@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from cuda.tile._stub import ArrayAnnotation
 # Outputs are allocated uninitialized; tests set a fill value (NaN) so that an element a kernel
 # fails to write cannot pass unnoticed.
 _OUTPUT_FILL: float | None = None
+# The SM count the launchers size grids by: the device's, unless a test sets another.
+_SM_COUNT: int | None = None
 
 
 @contextlib.contextmanager
@@ -34,6 +37,19 @@ def outputs_filled_with(value: float):
         yield
     finally:
         _OUTPUT_FILL = previous
+
+
+@contextlib.contextmanager
+def sm_count_as(sm_count: int):
+    """Within the block, the launchers choose as for a device of `sm_count` SMs, whatever the
+    device (or the interpreter) is: tests and properties run every grid-size-dependent choice
+    (fwd_pass_state's two modes) on any machine."""
+    global _SM_COUNT
+    previous, _SM_COUNT = _SM_COUNT, sm_count
+    try:
+        yield
+    finally:
+        _SM_COUNT = previous
 
 
 def _kind(a) -> str:
@@ -128,9 +144,9 @@ class Backend:
     def sm_count(self) -> int:
         """The device's streaming multiprocessors (1 for the interpreter, which runs one program
         at a time): the launchers that size programs by the grid read it. So the interpreter
-        takes the large-grid choices (e.g. fwd_pass_state's 128-token products at chunk 256) for
-        almost every shape; the small-grid ones run on the GPU, and the stage tests force both."""
-        return _sm_count(self.kind, self.device)
+        takes the large-grid choices (fwd_pass_state's sequential mode) for every shape; the
+        small-grid ones run on the GPU, and tests and properties force both (sm_count_as)."""
+        return _sm_count(self.kind, self.device) if _SM_COUNT is None else _SM_COUNT
 
     def launch(self, kernel, grid: tuple[int, int, int], args: tuple):
         """Run `kernel` over `grid`: on the interpreter for NumPy, else on the current stream."""
@@ -218,13 +234,7 @@ def needs_int64(*kernel_args) -> bool:
     """Whether one of the (C-contiguous) arrays among a launch's kernel arguments (anything with a
     shape; constants skipped) has 2^31 elements or more, so that an element offset exceeds
     int32. The launchers pass all their arguments, so no array can be left out."""
-    return any(_elements(a) > INT32_MAX for a in kernel_args if hasattr(a, "shape"))
-
-
-def _elements(a) -> int:
-    """The element count of a NumPy / CuPy array (`size`) or a torch tensor (`numel()`)."""
-    size = a.size
-    return a.numel() if callable(size) else int(size)
+    return any(math.prod(a.shape) > INT32_MAX for a in kernel_args if hasattr(a, "shape"))
 
 
 # Smallest tile extent the launchers feed to ct.mma; smaller dimensions are zero padded up to it.

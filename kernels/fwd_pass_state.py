@@ -1,9 +1,8 @@
 """fwd_pass_state: the state entering every chunk, by the jump formula (a matrix product per chunk,
-in blocks of up to 128 tokens)."""
+in blocks of up to 128 tokens): one program through the chunks in order, or, when that leaves
+SMs idle, every chunk's own product in parallel and then a short elementwise pass."""
 
 from __future__ import annotations
-
-import math
 
 import cuda.tile as ct
 
@@ -20,18 +19,33 @@ from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, need
 # row, 0.585 against 0.523 at chunk 64; benchmarks/NOTES.md).
 MAX_BLOCK_P = 64
 MAX_BLOCK_N = 128
-# A chunk of up to WHOLE_CHUNK_K tokens is one product. A longer chunk goes WHOLE_CHUNK_K tokens
-# at a time when the grid has more programs than the GPU has SMs, else MAX_BLOCK_K at a time.
-# Products of WHOLE_CHUNK_K tokens run two programs per SM. H200, benchmarks/NOTES.md runs 8-11:
-# chunk 128 (8-group row) as one product at two per SM 0.160 ms, against 0.186 as two products;
-# chunk 256 in products of 128 at two per SM against 64 at the compiler's occupancy: 0.309
-# against 0.348 ms on the 2.7B row (320 programs), 0.096 against 0.122 on the 130m row (192),
-# but 0.523 against 0.458 on long_seq (80 programs, fewer than the 132 SMs: each program runs
-# alone and the larger compile of one per SM is faster); chunk 64 at the compiler's occupancy
-# 0.523 ms, at two per SM 0.588.
+# A chunk of up to WHOLE_CHUNK_K tokens is one product, a longer one goes WHOLE_CHUNK_K tokens at a
+# time; products of WHOLE_CHUNK_K tokens run two programs per SM. H200, benchmarks/NOTES.md runs
+# 8-11: chunk 128 (8-group row) as one product at two per SM 0.160 ms, against 0.186 as two
+# products; chunk 256 in products of 128 at two per SM 0.309 ms on the 2.7B row (320 programs),
+# against 0.348 in products of 64 at the compiler's occupancy; chunk 64 at the compiler's
+# occupancy 0.523 ms, at two per SM 0.588.
 WHOLE_CHUNK_K = 128
-MAX_BLOCK_K = 64
-WHOLE_CHUNK_OCCUPANCY = 2  # for products of WHOLE_CHUNK_K tokens
+TWO_PER_SM = 2
+# Chunks in parallel: when the sequential grid (headdim blocks x dstate blocks, nheads, batch) has
+# fewer programs than the device has SMs, SMs would idle through the whole pass. Then, for chunks
+# of WHOLE_CHUNK_K tokens or more, every chunk's increment (what its tokens add to a state that
+# entered at zero) is one program (its products as above), written where the chunk's entering
+# state goes, and a pass through the chunks on [PASS_BLOCK_P, PASS_BLOCK_N] slices replaces each
+# increment by the state entering its chunk. H200 (benchmarks/NOTES.md, runs 18-19): long_seq
+# (80 programs on 132 SMs) 0.458 -> 0.333 ms (increments 0.227 of it, in products of 128 tokens
+# at two per SM; of 64 at two per SM 0.256, at the compiler's occupancy 0.363); batch 1 at 4096
+# tokens 0.137 -> 0.088 (80 heads), 0.132 -> 0.041 (24 heads); chunk 128, 8 groups, batch 1 at
+# 16384 tokens 0.459 -> 0.324. The pass takes one dependent step per chunk: at chunk 64 (256
+# chunks at 16384 tokens) the two launches ran 0.868-1.081 ms against 0.702 in order, so shorter
+# chunks stay in order. With more programs than SMs the order wins (2.7B row, 320 programs:
+# 0.308 against 0.323).
+PASS_BLOCK_P = 32
+PASS_BLOCK_N = 32
+# An SM count that selects each mode whatever the grid (kernels.arrays.sm_count_as; the chunks go
+# in parallel only when they hold WHOLE_CHUNK_K tokens or more): tests and properties run both
+# modes on any device.
+MODE_SM_COUNTS = {"sequential": 1, "parallel_chunks": 2**31}
 
 
 def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
@@ -40,33 +54,43 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                            chunk_states: ct.IndexedWithInt64, final_states: ct.IndexedWithInt64,
                            CHUNK: ct.Constant[int], BLOCK_K: ct.Constant[int],
                            BLOCK_P: ct.Constant[int], BLOCK_N: ct.Constant[int],
+                           PARALLEL_CHUNKS: ct.Constant[bool],
                            HAS_INITIAL_STATES: ct.Constant[bool], HAS_SEQ_IDX: ct.Constant[bool]):
-    """One program: the state slice [BLOCK_P, BLOCK_N] of one (batch, head) through every chunk;
-    grid (headdim blocks x dstate blocks, nheads, batch)."""
+    """One program: the state slice [BLOCK_P, BLOCK_N] of one (batch, head) through every chunk,
+    grid (headdim blocks x dstate blocks, nheads, batch); with PARALLEL_CHUNKS through one chunk
+    from a zero state, its increment stored at the chunk, grid (chunks x headdim blocks x dstate
+    blocks, nheads, batch)."""
     pn = ct.bid(0)
     h = ct.bid(1)
     b = ct.bid(2)
     seqlen = x.shape[1]
-    nchunks = dt_out.shape[2]
     n_blocks = ct.cdiv(B.shape[3], BLOCK_N)
-    pb = pn // n_blocks
+    pn_blocks = ct.cdiv(x.shape[3], BLOCK_P) * n_blocks
+    pb = pn % pn_blocks // n_blocks
     nb = pn % n_blocks
     g = h // (x.shape[2] // B.shape[2])  # the group head h reads
     K_PER_CHUNK = CHUNK // BLOCK_K
+    if PARALLEL_CHUNKS:
+        c_first = pn // pn_blocks
+        c_end = c_first + 1
+    else:
+        c_first = 0
+        c_end = dt_out.shape[2]
 
     # The program carries the transposed slice S^T, [BLOCK_N, BLOCK_P], so that the product
     # takes B (transposed) first and the computed (w o X) second: on the H200 this order ran
     # 0.465 -> 0.347 ms on the Mamba-2 2.7B row (benchmarks/NOTES.md, run 7).
-    if HAS_INITIAL_STATES:
+    if HAS_INITIAL_STATES and not PARALLEL_CHUNKS:
         S = ct.load(initial_states, (b, h, pb, nb), shape=(1, 1, BLOCK_P, BLOCK_N),
                     padding_mode=ct.PaddingMode.ZERO)
         S = ct.transpose(ct.reshape(S, (BLOCK_P, BLOCK_N)))
     else:
         S = ct.zeros((BLOCK_N, BLOCK_P), dtype=ct.float32)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
-    for c in range(nchunks):
-        ct.store(chunk_states, (b, c, h, pb, nb),
-                 ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))
+    for c in range(c_first, c_end):
+        if not PARALLEL_CHUNKS:
+            ct.store(chunk_states, (b, c, h, pb, nb),
+                     ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))
         # a_last: the decay over the whole chunk (flat over a short chunk's padding)
         a_last = ct.reshape(ct.load(dA_cumsum, (b, h, c, CHUNK - 1), shape=(1, 1, 1, 1)), (1, 1))
         carry = ct.exp2(ct.minimum(a_last, 0.0))  # clamp: rounding must not make it > 1
@@ -99,46 +123,98 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_P], TF32 operands, fp32 accumulator
             acc = ct.mma(ct.transpose(Bk).astype(ct.tfloat32), (xk * w).astype(ct.tfloat32), acc)
         S = acc
-    ct.store(final_states, (b, h, pb, nb), ct.reshape(ct.transpose(S), (1, 1, BLOCK_P, BLOCK_N)))
+    if PARALLEL_CHUNKS:  # the chunk's increment, where its entering state goes (_state_pass)
+        ct.store(chunk_states, (b, c_first, h, pb, nb),
+                 ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))
+    else:
+        ct.store(final_states, (b, h, pb, nb),
+                 ct.reshape(ct.transpose(S), (1, 1, BLOCK_P, BLOCK_N)))
 
 
-# the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64), and the occupancy of
-# products of WHOLE_CHUNK_K tokens
+def _state_pass_kernel(initial_states: ct.IndexedWithInt64, seg: ct.IndexedWithInt64,
+                       dA_cumsum: ct.IndexedWithInt64, chunk_states: ct.IndexedWithInt64,
+                       final_states: ct.IndexedWithInt64, CHUNK: ct.Constant[int],
+                       BLOCK_P: ct.Constant[int], BLOCK_N: ct.Constant[int],
+                       HAS_INITIAL_STATES: ct.Constant[bool], HAS_SEQ_IDX: ct.Constant[bool]):
+    """One program: [BLOCK_P, BLOCK_N] of one (batch, head)'s state through every chunk, each
+    chunk's increment in chunk_states replaced by the state entering the chunk; grid (headdim
+    blocks x dstate blocks, nheads, batch)."""
+    pn = ct.bid(0)
+    h = ct.bid(1)
+    b = ct.bid(2)
+    n_blocks = ct.cdiv(chunk_states.shape[4], BLOCK_N)
+    pb = pn // n_blocks
+    nb = pn % n_blocks
+    END = CHUNK - 1  # a chunk's last position
+    if HAS_INITIAL_STATES:
+        S = ct.load(initial_states, (b, h, pb, nb), shape=(1, 1, BLOCK_P, BLOCK_N),
+                    padding_mode=ct.PaddingMode.ZERO)
+        S = ct.reshape(S, (BLOCK_P, BLOCK_N))
+    else:
+        S = ct.zeros((BLOCK_P, BLOCK_N), dtype=ct.float32)
+    seg_entering = ct.zeros((1, 1), dtype=ct.int32)  # the segment S belongs to
+    for c in range(dA_cumsum.shape[2]):
+        increment = ct.load(chunk_states, (b, c, h, pb, nb), shape=(1, 1, 1, BLOCK_P, BLOCK_N),
+                            padding_mode=ct.PaddingMode.ZERO)
+        ct.store(chunk_states, (b, c, h, pb, nb), ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)))
+        a_end = ct.reshape(ct.load(dA_cumsum, (b, h, c, END), shape=(1, 1, 1, 1)), (1, 1))
+        decay = ct.exp2(ct.minimum(a_end, 0.0))  # clamp: rounding must not make it > 1
+        if HAS_SEQ_IDX:
+            # S crosses the chunk only into the segment of the chunk's last real token
+            end = ct.minimum(c * CHUNK + END, seg.shape[1] - 1)
+            seg_end = ct.load(seg, (b, end), shape=(1, 1))
+            decay = ct.where(seg_end == seg_entering, decay, 0.0)
+            seg_entering = seg_end
+        S = S * decay + ct.reshape(increment, (BLOCK_P, BLOCK_N))
+    ct.store(final_states, (b, h, pb, nb), ct.reshape(S, (1, 1, BLOCK_P, BLOCK_N)))
+
+
+# the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64); the state kernel also
+# at two programs per SM (products of WHOLE_CHUNK_K tokens)
 _fwd_pass_state = ct.kernel(int32_indexed(_fwd_pass_state_kernel))
-_fwd_pass_state_whole_chunk_k = _fwd_pass_state.replace_hints(occupancy=WHOLE_CHUNK_OCCUPANCY)
+_fwd_pass_state_two_per_sm = _fwd_pass_state.replace_hints(occupancy=TWO_PER_SM)
 _fwd_pass_state_int64 = ct.kernel(_fwd_pass_state_kernel)
-_fwd_pass_state_int64_whole_chunk_k = _fwd_pass_state_int64.replace_hints(
-    occupancy=WHOLE_CHUNK_OCCUPANCY)
+_fwd_pass_state_int64_two_per_sm = _fwd_pass_state_int64.replace_hints(occupancy=TWO_PER_SM)
+_state_pass = ct.kernel(int32_indexed(_state_pass_kernel))
+_state_pass_int64 = ct.kernel(_state_pass_kernel)
 
 
-def fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states, final_states,
-                          sm_count):
-    """(kernel, grid, kernel args) of _fwd_pass_state_kernel: the one place its tiles and its
-    kernel object (index width, occupancy) are chosen.
+def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
+                            final_states, sm_count):
+    """[(kernel, grid, kernel args)] of fwd_pass_state, in order: the sequential kernel, or the
+    chunks in parallel then the pass. The one place its tiles, its mode and its kernel objects
+    (index width, occupancy) are chosen.
 
     Reads only shapes and the device's SM count, so the compile gate derives its signatures from
     here too. `seg` is the (batch, seqlen) int32 segment ids, or None.
     """
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     dstate = int(B.shape[3])
-    chunk_size = int(dt_out.shape[3])
+    chunk_size, nchunks = int(dt_out.shape[3]), int(dt_out.shape[2])
     block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
     block_n = pow2_tile(dstate, lo=MMA_MIN, hi=MAX_BLOCK_N)
-    grid = (-(-headdim // block_p) * -(-dstate // block_n), nheads, batch)
-    if chunk_size <= WHOLE_CHUNK_K:
-        block_k = chunk_size
-    elif math.prod(grid) > sm_count:
-        block_k = WHOLE_CHUNK_K
-    else:
-        block_k = MAX_BLOCK_K
-    args = (x, B, dt_out, dA_cumsum, x if initial_states is None else initial_states,
-            dt_out if seg is None else seg, chunk_states, final_states,
-            chunk_size, block_k, block_p, block_n, initial_states is not None, seg is not None)
-    kernel = {(False, False): _fwd_pass_state, (False, True): _fwd_pass_state_whole_chunk_k,
+    block_k = min(chunk_size, WHOLE_CHUNK_K)
+    pn_blocks = -(-headdim // block_p) * -(-dstate // block_n)
+    parallel = chunk_size >= WHOLE_CHUNK_K and pn_blocks * nheads * batch < sm_count
+    initial = x if initial_states is None else initial_states  # a placeholder when absent
+    seg_arg = dt_out if seg is None else seg
+    args = (x, B, dt_out, dA_cumsum, initial, seg_arg, chunk_states, final_states,
+            chunk_size, block_k, block_p, block_n, parallel, initial_states is not None,
+            seg is not None)
+    int64 = needs_int64(*args)
+    two_per_sm = block_k == WHOLE_CHUNK_K
+    kernel = {(False, False): _fwd_pass_state, (False, True): _fwd_pass_state_two_per_sm,
               (True, False): _fwd_pass_state_int64,
-              (True, True): _fwd_pass_state_int64_whole_chunk_k}[
-        needs_int64(*args), block_k == WHOLE_CHUNK_K]
-    return kernel, grid, args
+              (True, True): _fwd_pass_state_int64_two_per_sm}[int64, two_per_sm]
+    if not parallel:
+        return [(kernel, (pn_blocks, nheads, batch), args)]
+    pass_p = pow2_tile(headdim, hi=PASS_BLOCK_P)
+    pass_n = pow2_tile(dstate, hi=PASS_BLOCK_N)
+    pass_grid = (-(-headdim // pass_p) * -(-dstate // pass_n), nheads, batch)
+    pass_args = (initial, seg_arg, dA_cumsum, chunk_states, final_states, chunk_size,
+                 pass_p, pass_n, initial_states is not None, seg is not None)
+    return [(kernel, (nchunks * pn_blocks, nheads, batch), args),
+            (_state_pass_int64 if int64 else _state_pass, pass_grid, pass_args)]
 
 
 def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None):
@@ -157,6 +233,7 @@ def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None):
     seg = backend.segment_ids(seq_idx)
     chunk_states = backend.empty(dims.shape("chunk_states"))
     final_states = backend.empty(dims.shape("final_states"))
-    backend.launch(*fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg,
-                                          chunk_states, final_states, backend.sm_count))
+    for launch in fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg,
+                                          chunk_states, final_states, backend.sm_count):
+        backend.launch(*launch)
     return chunk_states, final_states

@@ -9,7 +9,7 @@ from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, chec
 from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
-from kernels.fwd_pass_state import fwd_pass_state_launch
+from kernels.fwd_pass_state import fwd_pass_state_launches
 
 
 def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -66,12 +66,13 @@ def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_soft
     count, so the compile gate derives the specializations ssd_forward uses from here, with
     stand-in arrays.
     1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size)
-    2. fwd_pass_state: the state entering every chunk, and the final state
+    2. fwd_pass_state: the state entering every chunk, and the final state (one launch, or two
+       when the chunks go in parallel)
     3. compute_out: y
     """
     return [
         chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit),
-        fwd_pass_state_launch(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
-                              final_states, sm_count),
+        *fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
+                                 final_states, sm_count),
         compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y),
     ]

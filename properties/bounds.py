@@ -26,10 +26,11 @@ So the TF32 part of kappa is 4 for compute_out and the forward, 2 for fwd_pass_s
 fp32 work (unit u32 = 2^-24 = u / 8192), counted per path and added to kappa in units of u:
   - additions in fp32 accumulators: at most n = seqlen (the state accumulates every token's
     increment, each rounding's error decays with the state afterwards, so it stays <= u32 * M)
-    + chunk_size (the intra-chunk sum) + 2 * dstate (C B^T and C S^T) + 2 * nchunks (carry
-    products and the skip add) per output. Tensor cores do not promise IEEE round-to-nearest
-    in their accumulation (truncation in the alignment of the addends), so each addition gets
-    2 u32: 2 n u32.
+    + chunk_size (the intra-chunk sum) + 2 * dstate (C B^T and C S^T) + 3 * nchunks (carry
+    products, the skip add, and with fwd_pass_state's chunks in parallel the addition of each
+    chunk's increment to the carried state) per output. Tensor cores do not promise IEEE
+    round-to-nearest in their accumulation (truncation in the alignment of the addends), so
+    each addition gets 2 u32: 2 n u32.
   - exp2 (ex2.approx: 2 ulp), the exponent difference a_t - a_s (1 rounding of a number <= 150 in
     magnitude wherever the factor is not below fp32's range: relative error <= ln2 * 150 u32),
     the products dt * 2^e, cb * L * dt, the z gate, the dt processing (softplus, bias: C_DT =
@@ -87,7 +88,7 @@ DECAY_ETA = 1.0 / 16.0
 def accumulation_length(seqlen: int, chunk_size: int, dstate: int) -> int:
     """The number n of fp32 additions on the longest path to one output (see the derivation)."""
     nchunks = -(-seqlen // chunk_size)
-    return seqlen + chunk_size + 2 * dstate + 2 * nchunks
+    return seqlen + chunk_size + 2 * dstate + 3 * nchunks
 
 
 def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int) -> float:

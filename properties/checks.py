@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
-from kernels.arrays import outputs_filled_with
+from kernels.arrays import outputs_filled_with, sm_count_as
+from kernels.fwd_pass_state import MODE_SM_COUNTS
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
 from properties.profiles import caps
@@ -288,23 +289,28 @@ def _exact_upstream(p: Problem):
 
 
 def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
-    """fwd_pass_state alone (fp32-exact dt_out, dA_cumsum): chunk_states and final_states
-    within kappa('fwd_pass_state') u M."""
+    """fwd_pass_state alone (fp32-exact dt_out, dA_cumsum), in each of its modes (sequential,
+    chunks in parallel then the pass; the device's SM count picks one, sm_count_as forces each):
+    chunk_states and final_states within kappa('fwd_pass_state') u M."""
     d = p.dims
     dt_out, dA, _ = _exact_upstream(p)
-    states, final = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states,
-                          p.seq_idx)
     states_ref, final_ref = R.fwd_pass_state_ref(p.x, p.B, dt_out, dA, p.initial_states,
                                                  p.seq_idx)
     states_M, final_M = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA, p.initial_states,
                                                    p.seq_idx)
     k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate)
     floor = _floor(p, dt_out, states_M, final_M)
-    return _merge(
-        check_close("fwd_pass_state chunk_states", states, states_ref,
-                    tf32_bound(states_M, k) + floor, states_M, p, floor=floor),
-        check_close("fwd_pass_state final_states", final, final_ref,
-                    tf32_bound(final_M, k) + floor, final_M, p, floor=floor))
+    metrics = []
+    for mode, sm_count in MODE_SM_COUNTS.items():
+        with sm_count_as(sm_count):
+            states, final = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA,
+                                  p.initial_states, p.seq_idx)
+        metrics += [
+            check_close(f"fwd_pass_state ({mode}) chunk_states", states, states_ref,
+                        tf32_bound(states_M, k) + floor, states_M, p, floor=floor),
+            check_close(f"fwd_pass_state ({mode}) final_states", final, final_ref,
+                        tf32_bound(final_M, k) + floor, final_M, p, floor=floor)]
+    return _merge(*metrics)
 
 
 def compute_out_alone(p: Problem, backend: str) -> dict:

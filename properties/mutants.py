@@ -111,6 +111,13 @@ CATALOGUE = [
            "ct.mma(ct.transpose(Bk), xk * w, acc)",
            "the state product's operands not cast to tfloat32: exact, but true fp32 on the GPU,"
            " 28x slower"),
+    Mutant("state_pass_segment_reset_missing", "kernels/fwd_pass_state.py",
+           "decay = ct.where(seg_end == seg_entering, decay, 0.0)", "decay = decay",
+           "with the chunks in parallel, the pass carries the state across a seq_idx change"),
+    Mutant("state_pass_initial_state_ignored", "kernels/fwd_pass_state.py",
+           "        S = ct.reshape(S, (BLOCK_P, BLOCK_N))\n",
+           "        S = ct.reshape(S, (BLOCK_P, BLOCK_N)) * 0.0\n",
+           "with the chunks in parallel, the pass starts from zero instead of initial_states"),
     Mutant("dt_limit_upper_ignored", "kernels/chunk_cumsum.py",
            "v = ct.minimum(ct.maximum(v, DT_MIN), DT_MAX)", "v = ct.maximum(v, DT_MIN)",
            "dt_limit's upper end not applied"),

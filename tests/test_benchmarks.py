@@ -552,7 +552,7 @@ def test_sweep_variants_and_ablations_apply_to_the_kernel_source(tmp_path):
             for tag, constants, edits, _, source in entries:
                 mod = sweep.load_variant(module, constants, edits, tmp_path, f"{tag}_{ablate}",
                                          source)
-                launch = getattr(mod, f"{module}_launch")
+                launch = getattr(mod, sweep.LAUNCHERS[module])
                 parameters = inspect.signature(launch).parameters
                 assert all(k in parameters for k in sweep.LAUNCH_ARGS if k in constants), tag
 

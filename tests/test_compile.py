@@ -37,42 +37,43 @@ class ArraySpec:
 
 
 # (id, dims, options): the Mamba-2 2.7B layout at chunk 256 and 64, every option at chunk 128 with
-# groups, odd headdim / dstate at chunk 16, the largest headdim / dstate at chunk 32; narrow
-# inputs (x, B, C, z and y in bfloat16 or float16): the 2.7B layout in bfloat16, every option in
-# float16; arrays of 2^31 elements or more (the int64-indexed kernel objects).
+# groups, odd headdim / dstate with every option at chunk 16, the largest headdim / dstate at
+# chunk 32; narrow inputs (x, B, C, z and y in bfloat16 or float16): the 2.7B layout in
+# bfloat16, every option in float16; arrays of 2^31 elements or more (the int64-indexed kernel
+# objects).
 ALL_OPTIONS = dict(D="channel", z=True, dt_bias=True, dt_softplus=True, initial_states=True,
                    seq_idx=True, dt_limit=(0.001, 0.1))
 CONFIGS = [
     ("mamba2_2p7b_chunk256", Dims(4, 4096, 80, 64, 1, 128, 256), dict(D="head")),
     ("mamba2_2p7b_chunk64", Dims(4, 4096, 80, 64, 1, 128, 64), dict(D="head")),
     ("all_options_chunk128", Dims(4, 4096, 64, 64, 8, 64, 128), ALL_OPTIONS),
-    ("odd_dims_chunk16", Dims(1, 100, 4, 3, 1, 5, 16), dict()),
+    ("odd_dims_all_options_chunk16", Dims(1, 100, 4, 3, 1, 5, 16), ALL_OPTIONS),
     ("dims_256_chunk32", Dims(1, 1000, 2, 256, 1, 256, 32), dict(initial_states=True)),
     ("mamba2_2p7b_chunk256_bf16", Dims(4, 4096, 80, 64, 1, 128, 256),
      dict(D="head", dtype="bfloat16")),
     ("all_options_chunk128_fp16", Dims(4, 4096, 64, 64, 8, 64, 128),
      dict(ALL_OPTIONS, dtype="float16")),
-    # every option at chunk 256 (fwd_pass_state's products of 64 or of 128 of its tokens, by the
-    # SM count); the 2.7B layout at chunk 128 (one product of 128 tokens x dstate 128,
+    # every option at chunk 256 (as every config: fwd_pass_state in order or its chunks in
+    # parallel, by the SM count); the 2.7B layout at chunk 128 (one product of 128 tokens x dstate 128,
     # fwd_pass_state's largest tile)
     ("all_options_chunk256_fp16", Dims(2, 1000, 8, 64, 2, 128, 256),
      dict(ALL_OPTIONS, dtype="float16")),
     ("mamba2_2p7b_chunk128", Dims(4, 4096, 80, 64, 1, 128, 128), dict(D="head")),
     # 2^31 elements in dt (2^37 in x): the int64-indexed kernel objects, every option off (in
-    # float16) and on, at chunk 256 and at chunk 128 (fwd_pass_state's other object)
+    # float16) and on, at chunk 256 and at chunk 64 (fwd_pass_state's other object)
     ("int64_chunk256_fp16", Dims(1, 2**24, 128, 64, 1, 128, 256), dict(dtype="float16")),
     ("int64_all_options_chunk256", Dims(1, 2**24, 128, 64, 1, 128, 256), ALL_OPTIONS),
-    ("int64_chunk128_fp16", Dims(1, 2**24, 128, 64, 1, 64, 128), dict(dtype="float16")),
-    ("int64_all_options_chunk128", Dims(1, 2**24, 128, 64, 1, 64, 128), ALL_OPTIONS),
+    ("int64_chunk64_fp16", Dims(1, 2**24, 128, 64, 1, 64, 64), dict(dtype="float16")),
+    ("int64_all_options_chunk64", Dims(1, 2**24, 128, 64, 1, 64, 64), ALL_OPTIONS),
 ]
 
 # the arrays in the inputs' dtype (options' "dtype", default float32); every other one is float32
 NARROW = ("x", "B", "C", "z", "y")
 
 
-# The launchers choose some tiles by the device's SM count (fwd_pass_state at chunk 256: 128-token
-# products when the grid has more programs than SMs). The gate compiles the choices of a one-SM
-# device and of an unbounded one, so whatever a device picks has been compiled.
+# The launchers choose by the device's SM count (fwd_pass_state: its chunks in parallel when its
+# sequential grid has fewer programs than SMs). The gate compiles the choices of a one-SM device
+# and of an unbounded one, so whatever a device picks has been compiled.
 SM_COUNTS = (1, 2**31)
 
 
@@ -167,7 +168,12 @@ def test_every_kernel_object_is_compiled_with_every_option():
                     seen.setdefault((name, param), set()).add(arg)
     assert seen, "no boolean specialization found"
     for (name, param), values in seen.items():
-        assert values == {False, True}, f"{name}: {param} only compiled as {values}"
+        if param == "PARALLEL_CHUNKS" and not name.endswith("_two_per_sm"):
+            # a mode, not an option: chunks go in parallel only in products of 128 tokens,
+            # which the two-per-SM objects run
+            assert values == {False}, f"{name}: {param} compiled as {values}"
+        else:
+            assert values == {False, True}, f"{name}: {param} only compiled as {values}"
 
 
 @pytest.mark.compile
@@ -206,7 +212,7 @@ def test_kernel_objects_index_as_their_names_say():
 @pytest.mark.parametrize("sm_count", SM_COUNTS)
 def test_launchers_choose_int64_objects_when_an_array_reaches_2_pow_31(dims, sm_count):
     for kernel, _, _ in config_launches(dims, {}, sm_count):
-        assert KERNEL_NAMES[id(kernel)].endswith(("_int64", "_int64_whole_chunk_k")), (
+        assert KERNEL_NAMES[id(kernel)].endswith(("_int64", "_int64_two_per_sm")), (
             KERNEL_NAMES[id(kernel)])
 
 

@@ -5,6 +5,8 @@ import pytest
 
 import reference as R
 from kernels import fwd_pass_state
+from kernels.arrays import sm_count_as
+from kernels.fwd_pass_state import MODE_SM_COUNTS
 from properties.bounds import KAPPA
 from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
                     recorded_launches, step_options)
@@ -21,41 +23,50 @@ def stage_inputs(case):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODE_SM_COUNTS)
 @pytest.mark.parametrize("case", [c.param() for c in CASES])
-def test_fwd_pass_state_matches_reference(case, backend, request):
+def test_fwd_pass_state_matches_reference(case, mode, backend, request):
+    """Both modes (in order; chunks in parallel then the pass, for chunks of 128 tokens or
+    more), whatever device runs them."""
     kw, dt_out, dA_cumsum = stage_inputs(case)
     inputs = dict(x=kw["x"], B=kw["B"], dt_out=dt_out, dA_cumsum=dA_cumsum,
                   initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
     states_ref, final_ref = R.fwd_pass_state_ref(**inputs)
     states_M, final_M = R.fwd_pass_state_magnitude(**inputs)
-    states, final = fwd_pass_state(**on_backend(backend, inputs))
+    with sm_count_as(MODE_SM_COUNTS[mode]):
+        states, final = fwd_pass_state(**on_backend(backend, inputs))
     assert states.shape == states_ref.shape and final.shape == final_ref.shape
     check_within("chunk_states", states, states_ref, states_M, KAPPA, request.node.name)
     check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("sm_count, block_k", [
-    pytest.param(1, 128, id="grid_over_sm_count_products_of_128"),
-    pytest.param(10**6, 64, id="grid_under_sm_count_products_of_64"),
+@pytest.mark.parametrize("case_id, programs_vs_sms, parallel, block_k", [
+    pytest.param("all_options_chunk256", 0, False, 128, id="as_many_programs_as_sms_in_order"),
+    pytest.param("all_options_chunk256", 1, True, 128, id="fewer_programs_than_sms_parallel"),
+    pytest.param("base_chunk64", 1, False, 64, id="fewer_programs_than_sms_chunk64_in_order"),
 ])
-def test_chunk256_products_follow_the_grid_size(sm_count, block_k, backend, request, monkeypatch):
-    """At chunk 256 the launcher takes products of 128 tokens when the grid outnumbers the
-    device's SMs, else of 64 (fwd_pass_state and ssd_forward pass the device's count): both
-    paths against the reference, whatever the SM count of the device the tests run on."""
+def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k, backend, request):
+    """The launcher runs the chunks in parallel when the sequential grid has fewer programs than
+    the device has SMs and the chunks hold 128 tokens or more (fwd_pass_state and ssd_forward
+    pass the device's count), else in order: the launches recorded, and the results against the
+    reference."""
     from kernels import ssd_forward
-    from kernels.arrays import Backend
-    case = next(c for c in CASES if c.id == "all_options_chunk256")
+    case = next(c for c in CASES if c.id == case_id)
     kw, dt_out, dA_cumsum = stage_inputs(case)
     inputs = dict(x=kw["x"], B=kw["B"], dt_out=dt_out, dA_cumsum=dA_cumsum,
                   initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
-    monkeypatch.setattr(Backend, "sm_count", property(lambda self: sm_count))
-    with recorded_launches() as launches:
+    programs = case.batch * case.nheads  # headdim and dstate fit one program's slice
+    with sm_count_as(programs + programs_vs_sms), recorded_launches() as launches:
         states, final = fwd_pass_state(**on_backend(backend, inputs))
         ssd_forward(**on_backend(backend, kw), return_final_states=True)
-    block_ks = [launch_arg(kernel, args, "BLOCK_K") for name, kernel, args in launches
-                if name == "_fwd_pass_state_kernel"]
-    assert block_ks == [block_k, block_k]  # fwd_pass_state's, then ssd_forward's
+    kernels = ["_fwd_pass_state_kernel"] + ["_state_pass_kernel"] * parallel
+    names = [name for name, _, _ in launches]
+    assert names == kernels + ["_chunk_cumsum_kernel"] + kernels + ["_compute_out_kernel"]
+    for name, kernel, args in launches:
+        if name == "_fwd_pass_state_kernel":
+            assert launch_arg(kernel, args, "BLOCK_K") == block_k
+            assert launch_arg(kernel, args, "PARALLEL_CHUNKS") == parallel
     states_ref, final_ref = R.fwd_pass_state_ref(**inputs)
     states_M, final_M = R.fwd_pass_state_magnitude(**inputs)
     check_within("chunk_states", states, states_ref, states_M, KAPPA, request.node.name)
