@@ -54,8 +54,8 @@ CONFIGS = [
     ("all_options_chunk128_fp16", Dims(4, 4096, 64, 64, 8, 64, 128),
      dict(ALL_OPTIONS, dtype="float16")),
     # every option at chunk 256 (as every config: fwd_pass_state in order or its chunks in
-    # parallel, by the SM count); the 2.7B layout at chunk 128 (one product of 128 tokens x dstate 128,
-    # fwd_pass_state's largest tile)
+    # parallel, by the SM count); the 2.7B layout at chunk 128 (one product of 128 tokens x
+    # dstate 128, fwd_pass_state's largest tile)
     ("all_options_chunk256_fp16", Dims(2, 1000, 8, 64, 2, 128, 256),
      dict(ALL_OPTIONS, dtype="float16")),
     ("mamba2_2p7b_chunk128", Dims(4, 4096, 80, 64, 1, 128, 128), dict(D="head")),
