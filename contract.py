@@ -5,7 +5,7 @@ Every tensor's shape is named here with the project's dimension names
 references, the kernels' launchers and the property strategies all validate
 their arguments through the checkers below, so a shape means the same thing
 everywhere and bad input fails the same way everywhere: a ``ValueError`` or
-``TypeError`` naming the argument, before any computation or launch.
+``TypeError`` naming the argument, before any kernel launch.
 
 The checkers only read ``.shape``/``.dtype``/``.ndim`` of their arguments (NumPy,
 CuPy and torch arrays all qualify); value checks read small per-head vectors only
@@ -229,6 +229,7 @@ def check_forward_args(x, dt, A, B, C, chunk_size=None, *, D=None, z=None, dt_bi
     _expect("C", C, dims.shape("C"))
     _activation("C", C, x, float_dtypes, activation_dtypes)
     _expect("A", A, (nheads,))
+    _float("A", A, float_dtypes)
     _check_D_z(D, z, dims, float_dtypes, x, activation_dtypes)
     if dt_bias is not None:
         _expect("dt_bias", dt_bias, (nheads,))
@@ -250,6 +251,7 @@ def check_chunk_cumsum_args(dt, A, chunk_size, *, dt_bias=None, dt_limit=(0.0, m
     _float("dt", dt, float_dtypes)
     chunk_size = check_chunk_size(chunk_size)
     _expect("A", A, (nheads,))
+    _float("A", A, float_dtypes)
     if dt_bias is not None:
         _expect("dt_bias", dt_bias, (nheads,))
         _float("dt_bias", dt_bias, float_dtypes)

@@ -86,7 +86,8 @@ FWD_PASS_STATE_VARIANTS = [
 ]
 # Ablations: (name, textual edits) that leave one stage out, timed beside the committed kernel.
 # compute_out: the intra-chunk loop (whole / diagonal block only), its exp2, its second product,
-# the carried-state product. fwd_pass_state: the chunk_states store, the exp2 of the weights.
+# the carried-state product. fwd_pass_state: the chunk_states store of the chunks in order (where
+# the launcher runs them in parallel it leaves nothing out), the exp2 of the weights.
 COMPUTE_OUT_ABLATIONS = [
     ("abl_no_intra", [("for j in range(i + 1):", "for j in range(0):", 1)]),
     ("abl_diag_only", [("for j in range(i + 1):", "for j in range(i, i + 1):", 1)]),
@@ -237,6 +238,7 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None, lists=()):
                                 compile_s=compile_s, grid=grids))
             print(f"{name:12s} {module:14s} {tag:16s} {ms:8.4f} ms  rel {rel:.2e}  "
                   f"compile {compile_s:5.1f} s  grid {' '.join(map(str, grids))}", flush=True)
+
 
 def time_forward(name, reps, flush, results):
     import kernels

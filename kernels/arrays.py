@@ -144,7 +144,7 @@ class Backend:
     def sm_count(self) -> int:
         """The device's streaming multiprocessors (1 for the interpreter, which runs one program
         at a time): the launchers that size programs by the grid read it. So the interpreter
-        takes the large-grid choices (fwd_pass_state's sequential mode) for every shape; the
+        takes the large-grid choices (fwd_pass_state in order) for every shape; the
         small-grid ones run on the GPU, and tests and properties force both (sm_count_as)."""
         return _sm_count(self.kind, self.device) if _SM_COUNT is None else _SM_COUNT
 

@@ -42,10 +42,15 @@ TWO_PER_SM = 2
 # 0.308 against 0.323).
 PASS_BLOCK_P = 32
 PASS_BLOCK_N = 32
-# An SM count that selects each mode whatever the grid (kernels.arrays.sm_count_as; the chunks go
-# in parallel only when they hold WHOLE_CHUNK_K tokens or more): tests and properties run both
-# modes on any device.
-MODE_SM_COUNTS = {"sequential": 1, "parallel_chunks": 2**31}
+# An SM count that selects each mode whatever the grid (kernels.arrays.sm_count_as): tests and
+# properties run every mode of a chunk size (`modes`) on any device.
+MODE_SM_COUNTS = {"in_order": 1, "parallel_chunks": 2**31}
+
+
+def modes(chunk_size: int) -> tuple[str, ...]:
+    """The modes the launcher may choose at this chunk size: in order always, chunks in parallel
+    from WHOLE_CHUNK_K tokens."""
+    return ("in_order", "parallel_chunks") if chunk_size >= WHOLE_CHUNK_K else ("in_order",)
 
 
 def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
@@ -56,10 +61,8 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                            BLOCK_P: ct.Constant[int], BLOCK_N: ct.Constant[int],
                            PARALLEL_CHUNKS: ct.Constant[bool],
                            HAS_INITIAL_STATES: ct.Constant[bool], HAS_SEQ_IDX: ct.Constant[bool]):
-    """One program: the state slice [BLOCK_P, BLOCK_N] of one (batch, head) through every chunk,
-    grid (headdim blocks x dstate blocks, nheads, batch); with PARALLEL_CHUNKS through one chunk
-    from a zero state, its increment stored at the chunk, grid (chunks x headdim blocks x dstate
-    blocks, nheads, batch)."""
+    """One program: a (batch, head)'s state slice [BLOCK_P, BLOCK_N] through its chunks, grid
+    (headdim x dstate blocks, nheads, batch); PARALLEL_CHUNKS: one chunk, grid (chunks x those)."""
     pn = ct.bid(0)
     h = ct.bid(1)
     b = ct.bid(2)
@@ -100,7 +103,10 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             seg_last = ct.load(seg, (b, last), shape=(1, 1))
             carry = ct.where(seg_last == seg_before, carry, 0.0)
             seg_before = seg_last
-        acc = S * carry  # [BLOCK_N, BLOCK_P]
+        if PARALLEL_CHUNKS:
+            acc = S  # zero: the chunk's increment alone
+        else:
+            acc = S * carry  # [BLOCK_N, BLOCK_P]
         # token blocks that hold real tokens (a block wholly past seqlen must not be loaded)
         k_blocks = ct.minimum(K_PER_CHUNK, ct.cdiv(seqlen - c * CHUNK, BLOCK_K))
         for k in range(k_blocks):
@@ -136,9 +142,8 @@ def _state_pass_kernel(initial_states: ct.IndexedWithInt64, seg: ct.IndexedWithI
                        final_states: ct.IndexedWithInt64, CHUNK: ct.Constant[int],
                        BLOCK_P: ct.Constant[int], BLOCK_N: ct.Constant[int],
                        HAS_INITIAL_STATES: ct.Constant[bool], HAS_SEQ_IDX: ct.Constant[bool]):
-    """One program: [BLOCK_P, BLOCK_N] of one (batch, head)'s state through every chunk, each
-    chunk's increment in chunk_states replaced by the state entering the chunk; grid (headdim
-    blocks x dstate blocks, nheads, batch)."""
+    """One program: [BLOCK_P, BLOCK_N] of a (batch, head)'s chunk increments replaced in order by
+    the states entering the chunks; grid (headdim blocks x dstate blocks, nheads, batch)."""
     pn = ct.bid(0)
     h = ct.bid(1)
     b = ct.bid(2)
@@ -152,20 +157,21 @@ def _state_pass_kernel(initial_states: ct.IndexedWithInt64, seg: ct.IndexedWithI
         S = ct.reshape(S, (BLOCK_P, BLOCK_N))
     else:
         S = ct.zeros((BLOCK_P, BLOCK_N), dtype=ct.float32)
-    seg_entering = ct.zeros((1, 1), dtype=ct.int32)  # the segment S belongs to
+    seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
     for c in range(dA_cumsum.shape[2]):
         increment = ct.load(chunk_states, (b, c, h, pb, nb), shape=(1, 1, 1, BLOCK_P, BLOCK_N),
                             padding_mode=ct.PaddingMode.ZERO)
         ct.store(chunk_states, (b, c, h, pb, nb), ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)))
-        a_end = ct.reshape(ct.load(dA_cumsum, (b, h, c, END), shape=(1, 1, 1, 1)), (1, 1))
-        decay = ct.exp2(ct.minimum(a_end, 0.0))  # clamp: rounding must not make it > 1
+        # as in _fwd_pass_state_kernel: the decay over the whole chunk, and the state handed on
+        # belongs to the segment of the chunk's last real token
+        a_last = ct.reshape(ct.load(dA_cumsum, (b, h, c, END), shape=(1, 1, 1, 1)), (1, 1))
+        carry = ct.exp2(ct.minimum(a_last, 0.0))  # clamp: rounding must not make it > 1
         if HAS_SEQ_IDX:
-            # S crosses the chunk only into the segment of the chunk's last real token
-            end = ct.minimum(c * CHUNK + END, seg.shape[1] - 1)
-            seg_end = ct.load(seg, (b, end), shape=(1, 1))
-            decay = ct.where(seg_end == seg_entering, decay, 0.0)
-            seg_entering = seg_end
-        S = S * decay + ct.reshape(increment, (BLOCK_P, BLOCK_N))
+            last = ct.minimum(c * CHUNK + END, seg.shape[1] - 1)
+            seg_last = ct.load(seg, (b, last), shape=(1, 1))
+            carry = ct.where(seg_last == seg_before, carry, 0.0)
+            seg_before = seg_last
+        S = S * carry + ct.reshape(increment, (BLOCK_P, BLOCK_N))
     ct.store(final_states, (b, h, pb, nb), ct.reshape(S, (1, 1, BLOCK_P, BLOCK_N)))
 
 
@@ -181,9 +187,9 @@ _state_pass_int64 = ct.kernel(_state_pass_kernel)
 
 def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
                             final_states, sm_count):
-    """[(kernel, grid, kernel args)] of fwd_pass_state, in order: the sequential kernel, or the
-    chunks in parallel then the pass. The one place its tiles, its mode and its kernel objects
-    (index width, occupancy) are chosen.
+    """[(kernel, grid, kernel args)] of fwd_pass_state, in launch order: the chunks in order, or
+    the chunks in parallel then the pass. The one place its tiles, its mode and its kernel
+    objects (index width, occupancy) are chosen.
 
     Reads only shapes and the device's SM count, so the compile gate derives its signatures from
     here too. `seg` is the (batch, seqlen) int32 segment ids, or None.

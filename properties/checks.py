@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from kernels.arrays import outputs_filled_with, sm_count_as
-from kernels.fwd_pass_state import MODE_SM_COUNTS
+from kernels.fwd_pass_state import MODE_SM_COUNTS, modes
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
 from properties.profiles import caps
@@ -289,9 +289,9 @@ def _exact_upstream(p: Problem):
 
 
 def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
-    """fwd_pass_state alone (fp32-exact dt_out, dA_cumsum), in each of its modes (sequential,
-    chunks in parallel then the pass; the device's SM count picks one, sm_count_as forces each):
-    chunk_states and final_states within kappa('fwd_pass_state') u M."""
+    """fwd_pass_state alone (fp32-exact dt_out, dA_cumsum), in each mode it may run at p's chunk
+    size (in order; chunks in parallel then the pass: the device's SM count picks one,
+    sm_count_as forces each): chunk_states and final_states within kappa('fwd_pass_state') u M."""
     d = p.dims
     dt_out, dA, _ = _exact_upstream(p)
     states_ref, final_ref = R.fwd_pass_state_ref(p.x, p.B, dt_out, dA, p.initial_states,
@@ -301,8 +301,8 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate)
     floor = _floor(p, dt_out, states_M, final_M)
     metrics = []
-    for mode, sm_count in MODE_SM_COUNTS.items():
-        with sm_count_as(sm_count):
+    for mode in modes(d.chunk_size):
+        with sm_count_as(MODE_SM_COUNTS[mode]):
             states, final = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA,
                                   p.initial_states, p.seq_idx)
         metrics += [

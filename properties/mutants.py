@@ -86,7 +86,9 @@ CATALOGUE = [
            "v = ct.where(t < seqlen, v, 0.0)", "v = ct.where(t < seqlen + 1, v, 0.0)",
            "the padding token right after seqlen gets a step size (bias, softplus, limit)"),
     Mutant("seq_idx_reset_missing_in_state", "kernels/fwd_pass_state.py",
-           "carry = ct.where(seg_last == seg_before, carry, 0.0)", "carry = carry",
+           "carry = ct.where(seg_last == seg_before, carry, 0.0)\n"
+           "            seg_before = seg_last\n        if PARALLEL_CHUNKS:",
+           "carry = carry\n            seg_before = seg_last\n        if PARALLEL_CHUNKS:",
            "the state is carried across a seq_idx change at a chunk boundary"),
     Mutant("seq_idx_reset_missing_in_chunk", "kernels/compute_out.py",
            "keep = keep & (ct.reshape(seg_s, (BLOCK_T, 1)) == seg_t)", "keep = keep",
@@ -112,8 +114,14 @@ CATALOGUE = [
            "the state product's operands not cast to tfloat32: exact, but true fp32 on the GPU,"
            " 28x slower"),
     Mutant("state_pass_segment_reset_missing", "kernels/fwd_pass_state.py",
-           "decay = ct.where(seg_end == seg_entering, decay, 0.0)", "decay = decay",
+           "carry = ct.where(seg_last == seg_before, carry, 0.0)\n"
+           "            seg_before = seg_last\n        S = S * carry",
+           "carry = carry\n            seg_before = seg_last\n        S = S * carry",
            "with the chunks in parallel, the pass carries the state across a seq_idx change"),
+    Mutant("state_pass_chunk_end_off_by_one", "kernels/fwd_pass_state.py",
+           "END = CHUNK - 1  # a chunk's last position",
+           "END = CHUNK - 2  # a chunk's last position",
+           "with the chunks in parallel, the pass decays by the chunk's cumsum one token early"),
     Mutant("state_pass_initial_state_ignored", "kernels/fwd_pass_state.py",
            "        S = ct.reshape(S, (BLOCK_P, BLOCK_N))\n",
            "        S = ct.reshape(S, (BLOCK_P, BLOCK_N)) * 0.0\n",

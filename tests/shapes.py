@@ -67,6 +67,9 @@ CASES = [
     Case("headdim_80_dstate_200", 1, 70, 2, 80, 1, 200, 32),
     Case("headdim_100_dstate_17", 1, 70, 2, 100, 1, 17, 64),
     Case("headdim_256_dstate_256", 1, 80, 1, 256, 1, 256, 64),
+    # several headdim and dstate blocks where fwd_pass_state may run its chunks in parallel
+    Case("headdim_100_dstate_200_chunk128", 1, 300, 2, 100, 1, 200, 128, initial_states=True,
+         seq_idx="sorted"),
     # every option on its own, then all together
     Case("D_per_head", 1, 100, 4, 16, 1, 16, 32, D="head"),
     Case("D_per_channel", 1, 100, 4, 16, 1, 16, 32, D="channel"),

@@ -48,6 +48,9 @@ CONFIGS = [
     ("mamba2_2p7b_chunk64", Dims(4, 4096, 80, 64, 1, 128, 64), dict(D="head")),
     ("all_options_chunk128", Dims(4, 4096, 64, 64, 8, 64, 128), ALL_OPTIONS),
     ("odd_dims_all_options_chunk16", Dims(1, 100, 4, 3, 1, 5, 16), ALL_OPTIONS),
+    # odd headdim / dstate where fwd_pass_state may run its chunks in parallel (the pass's
+    # smallest slices)
+    ("odd_dims_chunk128", Dims(1, 300, 4, 3, 1, 5, 128), dict()),
     ("dims_256_chunk32", Dims(1, 1000, 2, 256, 1, 256, 32), dict(initial_states=True)),
     ("mamba2_2p7b_chunk256_bf16", Dims(4, 4096, 80, 64, 1, 128, 256),
      dict(D="head", dtype="bfloat16")),

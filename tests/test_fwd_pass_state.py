@@ -6,7 +6,7 @@ import pytest
 import reference as R
 from kernels import fwd_pass_state
 from kernels.arrays import sm_count_as
-from kernels.fwd_pass_state import MODE_SM_COUNTS
+from kernels.fwd_pass_state import MODE_SM_COUNTS, modes
 from properties.bounds import KAPPA
 from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
                     recorded_launches, step_options)
@@ -22,19 +22,25 @@ def stage_inputs(case):
     return kw, dt_out.astype(np.float32), dA_cumsum.astype(np.float32)
 
 
+# every case in order, and with its chunks in parallel where its chunk size allows that mode
+CASE_MODES = [pytest.param(c, mode, id=f"{c.id}-{mode}", marks=c.marks)
+              for c in CASES for mode in modes(c.chunk_size)]
+MODE_KERNELS = {"in_order": ["_fwd_pass_state_kernel"],
+                "parallel_chunks": ["_fwd_pass_state_kernel", "_state_pass_kernel"]}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", MODE_SM_COUNTS)
-@pytest.mark.parametrize("case", [c.param() for c in CASES])
+@pytest.mark.parametrize("case, mode", CASE_MODES)
 def test_fwd_pass_state_matches_reference(case, mode, backend, request):
-    """Both modes (in order; chunks in parallel then the pass, for chunks of 128 tokens or
-    more), whatever device runs them."""
+    """Each mode the launcher may choose at the case's chunk size, whatever device runs it."""
     kw, dt_out, dA_cumsum = stage_inputs(case)
     inputs = dict(x=kw["x"], B=kw["B"], dt_out=dt_out, dA_cumsum=dA_cumsum,
                   initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
     states_ref, final_ref = R.fwd_pass_state_ref(**inputs)
     states_M, final_M = R.fwd_pass_state_magnitude(**inputs)
-    with sm_count_as(MODE_SM_COUNTS[mode]):
+    with sm_count_as(MODE_SM_COUNTS[mode]), recorded_launches() as launches:
         states, final = fwd_pass_state(**on_backend(backend, inputs))
+    assert [name for name, _, _ in launches] == MODE_KERNELS[mode]
     assert states.shape == states_ref.shape and final.shape == final_ref.shape
     check_within("chunk_states", states, states_ref, states_M, KAPPA, request.node.name)
     check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name)
@@ -60,7 +66,7 @@ def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k, b
     with sm_count_as(programs + programs_vs_sms), recorded_launches() as launches:
         states, final = fwd_pass_state(**on_backend(backend, inputs))
         ssd_forward(**on_backend(backend, kw), return_final_states=True)
-    kernels = ["_fwd_pass_state_kernel"] + ["_state_pass_kernel"] * parallel
+    kernels = MODE_KERNELS["parallel_chunks" if parallel else "in_order"]
     names = [name for name, _, _ in launches]
     assert names == kernels + ["_chunk_cumsum_kernel"] + kernels + ["_compute_out_kernel"]
     for name, kernel, args in launches:

@@ -71,6 +71,9 @@ BAD_FORWARD = [
     ("dt_bias_inf", "dt_bias", lambda kw: np.array([0, np.inf, 0, 0], np.float32), ValueError,
      "dt_bias must be finite"),
     ("D_nan", "D", lambda kw: np.full(4, np.nan, np.float32), ValueError, "D must be finite"),
+    # A is float32, as D and dt_bias (a float64 -1e-50 would reach the kernels as -0.0)
+    ("A_float64", "A", lambda kw: np.full(4, -1e-50), TypeError,
+     r"A must have a floating dtype in \('float32',\), got float64"),
     ("dt_limit_inverted", "dt_limit", lambda kw: (0.5, 0.1), ValueError, "dt_limit"),
     ("dt_limit_not_a_pair", "dt_limit", lambda kw: 0.5, TypeError, "dt_limit"),
     # dtypes (activations float32, bfloat16 or float16, all alike; the rest float32)
