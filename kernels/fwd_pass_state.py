@@ -103,10 +103,7 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             seg_last = ct.load(seg, (b, last), shape=(1, 1))
             carry = ct.where(seg_last == seg_before, carry, 0.0)
             seg_before = seg_last
-        if PARALLEL_CHUNKS:
-            acc = S  # zero: the chunk's increment alone
-        else:
-            acc = S * carry  # [BLOCK_N, BLOCK_P]
+        acc = S * carry  # [BLOCK_N, BLOCK_P]; zero with PARALLEL_CHUNKS (the increment alone)
         # token blocks that hold real tokens (a block wholly past seqlen must not be loaded)
         k_blocks = ct.minimum(K_PER_CHUNK, ct.cdiv(seqlen - c * CHUNK, BLOCK_K))
         for k in range(k_blocks):

@@ -87,8 +87,8 @@ CATALOGUE = [
            "the padding token right after seqlen gets a step size (bias, softplus, limit)"),
     Mutant("seq_idx_reset_missing_in_state", "kernels/fwd_pass_state.py",
            "carry = ct.where(seg_last == seg_before, carry, 0.0)\n"
-           "            seg_before = seg_last\n        if PARALLEL_CHUNKS:",
-           "carry = carry\n            seg_before = seg_last\n        if PARALLEL_CHUNKS:",
+           "            seg_before = seg_last\n        acc = S * carry",
+           "carry = carry\n            seg_before = seg_last\n        acc = S * carry",
            "the state is carried across a seq_idx change at a chunk boundary"),
     Mutant("seq_idx_reset_missing_in_chunk", "kernels/compute_out.py",
            "keep = keep & (ct.reshape(seg_s, (BLOCK_T, 1)) == seg_t)", "keep = keep",
