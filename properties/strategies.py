@@ -121,11 +121,12 @@ class Problem:
         return meta["property"], problem
 
 
-def _seqlens(cap: int, chunk_size: int):
-    """seqlen: 1, multiples of chunk_size and +-1, primes, anything up to the cap."""
+def _seqlens(cap: int, chunk_size: int, lo: int = 1):
+    """seqlen from lo: 1, multiples of chunk_size and +-1, primes, anything up to the cap."""
     multiples = [k * chunk_size + d for k in range(1, cap // chunk_size + 1) for d in (-1, 0, 1)]
-    special = sorted({n for n in [1, *multiples, *PRIMES] if 1 <= n <= cap})
-    return st.one_of(st.sampled_from(special), st.integers(1, cap))
+    special = sorted({n for n in [1, *multiples, *PRIMES] if lo <= n <= cap})
+    anything = st.integers(lo, cap)
+    return st.one_of(st.sampled_from(special), anything) if special else anything
 
 
 def _dims_upto(cap: int):
@@ -137,20 +138,25 @@ def _dims_upto(cap: int):
 @st.composite
 def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
           ragged: bool | None = None, extreme: bool = False, gate: bool | None = None,
-          initial_states: bool | None = None, min_seqlen: int = 1):
+          initial_states: bool | None = None, min_seqlen: int = 1,
+          carried: bool = False):
     """A Spec within `limits` (default: the active profile's caps).
 
     `segments`, `gate`, `initial_states`: force the option on (True) or off (False); `ragged`:
     force seqlen % chunk_size != 0; `extreme`: decays of 1e3..1e4 per chunk and values near the
-    fp32 edges.
+    fp32 edges; `carried`: two chunks or more, every head's decay over a chunk 10^0.25..10^1.25 (the
+    state carried into a chunk is then of the order of the chunk's own increment, so an error in
+    the carry alone, e.g. one token's decay, shows above the bound; elsewhere the carry is ~1 or
+    ~0). A chunk size whose two chunks exceed the caps is not drawn then.
     """
     c = limits or caps()
-    chunk_size = draw(st.sampled_from(c.chunk_sizes))
+    chunk_sizes = [q for q in c.chunk_sizes if not carried or q < c.seqlen]
+    chunk_size = draw(st.sampled_from(chunk_sizes))
+    lo = max(min_seqlen, chunk_size + 1 if carried else 1)
     if ragged:
-        seqlen = draw(_seqlens(c.seqlen, chunk_size).filter(lambda n: n % chunk_size != 0
-                                                            and n >= min_seqlen))
+        seqlen = draw(_seqlens(c.seqlen, chunk_size, lo).filter(lambda n: n % chunk_size != 0))
     else:
-        seqlen = draw(_seqlens(c.seqlen, chunk_size).filter(lambda n: n >= min_seqlen))
+        seqlen = draw(_seqlens(c.seqlen, chunk_size, lo))
     ngroups = draw(st.integers(1, c.nheads))
     nheads = ngroups * draw(st.integers(1, c.nheads // ngroups))
     n_segments = 1
@@ -165,6 +171,9 @@ def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
         # flush-to-zero allowance
         excess = max(sum(scales) - 12.0, 0.0) + min(sum(scales) + 20.0, 0.0)
         scales = tuple(s - excess / 3.0 for s in scales)
+    elif carried:
+        decay = draw(st.floats(0.25, 1.25))
+        scales = tuple(draw(st.floats(-3.0, 3.0)) for _ in range(3))
     else:
         decay = draw(st.floats(-3.0, 4.0))
         scales = tuple(draw(st.floats(-3.0, 3.0)) for _ in range(3))
@@ -185,7 +194,7 @@ def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
         initial_states=draw(st.booleans()) if initial_states is None else initial_states,
         segments=n_segments,
         decay=decay,
-        decay_spread=draw(st.floats(0.0, 6.0)),
+        decay_spread=draw(st.floats(0.0, 0.5 if carried else 6.0)),
         scales=scales,
         tails=draw(st.sampled_from([0.0, 0.0, 1.0, 3.0])),
         seed=draw(st.integers(0, 2**32 - 1)),

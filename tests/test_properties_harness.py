@@ -12,8 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hypothesis import given, settings
+
+import reference as R
 from properties import mutants
-from properties.strategies import Problem, Spec, problem
+from properties.profiles import caps
+from properties.strategies import Problem, Spec, problem, specs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,6 +28,22 @@ def test_mutant_catalogue_applies_to_current_kernel_source():
     for m in mutants.CATALOGUE:
         mutants.check_applies(m)  # ValueError names the mutant whose text drifted
         assert m.old != m.new
+
+
+@settings(max_examples=50, derandomize=True, database=None)
+@given(spec=specs(carried=True))
+def test_carried_specs_hold_moderate_decays_over_two_chunks(spec):
+    """specs(carried=True): two chunks or more within the caps, every head's largest decay over a
+    chunk 10^0.25..10^1.25 (spread at most half a decade), so the carried state matters; a head
+    whose processed dt is zero everywhere (a bias clamped away) has no decay at all."""
+    assert spec.chunk_size < spec.seqlen <= caps().seqlen
+    assert 0.25 <= spec.decay <= 1.25 and spec.decay_spread <= 0.5
+    p = problem(spec)
+    dt_out, _ = R.chunk_cumsum_ref(p.dt, p.A, p.chunk_size, p.dt_bias, p.dt_softplus, p.dt_limit)
+    dt_max = dt_out.max(axis=(0, 2, 3))
+    chunk_decay = dt_max * np.abs(p.A) * p.chunk_size
+    assert np.all(chunk_decay <= 10.0 ** 1.25 * (1 + 1e-5))
+    assert np.all(chunk_decay[dt_max > 0] >= 10.0 ** (0.25 - 0.5) * (1 - 1e-5))
 
 
 def test_drifted_mutant_fails_loudly(tmp_path):
