@@ -12,9 +12,10 @@ How a round is timed (`measure`):
    still busy with the prefill when the last launch arrived: the span E1 -> E2 holds GPU work only,
    with no gap waiting for the host. If E1 has completed, the GPU may have idled waiting for a
    launch (the host's Python is slower than the prefill, or the work synchronises with the host):
-   that round is counted as `starved`. Each starved warm-up round doubles the prefill (1, 2, 4,
-   then MAX_PREFILL memsets); `extra_info['starved_rounds']` counts the timed rounds that still
-   starved, and a non-zero count means those medians include host time.
+   that round is counted as `starved`. Each starved round, warm-up or timed, doubles the prefill
+   of the rounds after it (1, 2, 4, then MAX_PREFILL memsets: on the H200 the warm-up once left
+   it at 4 while all 30 timed rounds starved); `extra_info['starved_rounds']` counts the timed
+   rounds that starved, and a non-zero count means those medians include host time.
 
 Every stream involved is the legacy default stream: cupy's and torch's current stream unless a
 caller changes it, so events, prefill, kernels and the comparators share one timeline.
@@ -107,17 +108,16 @@ def measure(benchmark, fn: Callable[[], Any], clock: GpuClock, flush: Callable[[
         result = fn()
         if clock.last_reached():
             state["starved"] += 1
+            if state["prefill"] < MAX_PREFILL:  # the next rounds start behind more GPU work
+                state["prefill"] *= 2
         return result
 
     fastest = math.inf
     for _ in range(warmup_rounds):
-        state["starved"] = 0
         setup()
         start = clock()
         timed_round()
         fastest = min(fastest, clock() - start)
-        if state["starved"] and state["prefill"] < MAX_PREFILL:
-            state["prefill"] *= 2
     if fastest * rounds > budget_s:
         rounds = max(MIN_ROUNDS, int(budget_s / fastest))
     state["starved"] = 0

@@ -431,23 +431,31 @@ from benchmarks.timing import GpuClock, measure
 
 
 class Gpu:
-    """A fake GPU timeline: events read `now` (ms); `starving` is what an event query answers."""
+    """A fake GPU timeline: events read `now` (ms); `starving` is what a query of a round's start
+    event answers: one answer for every round, or a list, one per round in order."""
     def __init__(self, starving):
-        self.now, self.starving, self.flushes = 0.0, starving, 0
+        self.now, self.flushes, self.events = 0.0, 0, 0
+        self.starving = starving
 
     def event(self):
         gpu = self
+        rnd, is_start = self.events // 2, self.events % 2 == 0
+        self.events += 1
+        starving = self.starving if isinstance(self.starving, bool) else self.starving[rnd]
         class Event:
             t = gpu.now
-            done = gpu.starving
+            done = starving and is_start
             def synchronize(self):
                 pass
         return Event()
 
 
 FED, STARVED = Gpu(False), Gpu(True)
+# warm-up rounds 1 and 2 starve, 3 does not; the first timed round starves, the others not
+LATE = Gpu([True, True, False, True, False, False, False, False])
 FED_CLOCK = GpuClock(FED.event, lambda a, b: b.t - a.t)
 STARVED_CLOCK = GpuClock(STARVED.event, lambda a, b: b.t - a.t)
+LATE_CLOCK = GpuClock(LATE.event, lambda a, b: b.t - a.t)
 
 
 def run(benchmark, gpu, clock, durations_ms, rounds):
@@ -471,12 +479,18 @@ def test_fed(benchmark):
 @pytest.mark.benchmark(timer=STARVED_CLOCK)
 def test_starved(benchmark):
     run(benchmark, STARVED, STARVED_CLOCK, [1.0] * 8, rounds=5)
+
+
+@pytest.mark.benchmark(timer=LATE_CLOCK)
+def test_starved_late(benchmark):
+    run(benchmark, LATE, LATE_CLOCK, [1.0] * 8, rounds=5)
 '''
 
 
 def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
     """Through pytest-benchmark itself, with a fake GPU timeline: the recorded rounds are the
-    event-to-event times (not host times), warm-up excluded; a starved GPU lengthens the prefill."""
+    event-to-event times (not host times), warm-up excluded; every starved round, warm-up or
+    timed, doubles the prefill of the rounds after it."""
     (tmp_path / "test_fake_clock.py").write_text(FAKE_CLOCK_TESTS)
     out = tmp_path / "bench.json"
     proc = subprocess.run(
@@ -486,7 +500,7 @@ def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = {b["name"]: b for b in json.loads(out.read_text())["benchmarks"]}
-    fed, starved = runs["test_fed"], runs["test_starved"]
+    fed, starved, late = runs["test_fed"], runs["test_starved"], runs["test_starved_late"]
     assert fed["stats"]["rounds"] == 5
     assert fed["stats"]["median"] == pytest.approx(3.0e-3)
     assert fed["stats"]["min"] == pytest.approx(1.0e-3)
@@ -497,6 +511,11 @@ def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
     assert starved["extra_info"]["prefill_memsets"] == 8  # doubled after each of 3 warm-up rounds
     assert starved["extra_info"]["starved_rounds"] == 5
     assert starved["extra_info"]["flushes"] == 1 + 2 + 4 + 5 * 8
+    # warm-up prefill 1, 2, 4 (the third round fed stays at 4), the first timed round starves
+    # at 4 and the four after it run behind 8
+    assert late["extra_info"]["starved_rounds"] == 1
+    assert late["extra_info"]["prefill_memsets"] == 8
+    assert late["extra_info"]["flushes"] == 1 + 2 + 4 + 4 + 4 * 8
 
 
 def _bench_json(path, medians_ms: dict, impl="cutile"):
