@@ -39,7 +39,8 @@ from benchmarks.configs import ANCHORS, row_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 
-# launcher arguments a variant may set among its constants (the others are module constants)
+# launcher arguments a variant may set among its constants (the others are module constants):
+# the device's SM count, which both launchers read
 LAUNCH_ARGS = ("sm_count",)
 # each swept module's launcher: fwd_pass_state's returns its launches, compute_out's its launch
 LAUNCHERS = {"fwd_pass_state": "fwd_pass_state_launches", "compute_out": "compute_out_launch"}
@@ -53,6 +54,9 @@ INT64 = {"needs_int64": lambda *arrays: True}
 COMPUTE_OUT_VARIANTS = [
     ("launcher", {}, [], {}),
     ("int64", INT64, [], {}),
+    # the two program layouts, whatever the launcher picks for the row
+    ("token_blocks", {"_LAYOUT": "token_blocks"}, [], {}),
+    ("whole_chunks", {"_LAYOUT": "whole_chunks"}, [], {}),
     ("occ1", {}, [], {"occupancy": 1}),
     ("occ3", {}, [], {"occupancy": 3}),
     ("occ4", {}, [], {"occupancy": 4}),
@@ -85,8 +89,8 @@ FWD_PASS_STATE_VARIANTS = [
     ("small_grid_pass64", {"sm_count": 2**31, "PASS_BLOCK_P": 64, "PASS_BLOCK_N": 64}, [], {}),
 ]
 # Ablations: (name, textual edits) that leave one stage out, timed beside the committed kernel.
-# compute_out: the intra-chunk loop (whole / diagonal block only), its exp2, its second product,
-# the carried-state product. fwd_pass_state: the chunk_states store of the chunks in order (where
+# compute_out (its program per token block, forced): the intra-chunk loop (whole / diagonal
+# block only), its exp2, its second product, the carried-state product. fwd_pass_state: the chunk_states store of the chunks in order (where
 # the launcher runs them in parallel it leaves nothing out), the exp2 of the weights.
 COMPUTE_OUT_ABLATIONS = [
     ("abl_no_intra", [("for j in range(i + 1):", "for j in range(0):", 1)]),
@@ -161,7 +165,8 @@ def variant_lists(ablate: bool, candidates: dict) -> tuple:
             ("compute_out", COMPUTE_OUT_VARIANTS, COMPUTE_OUT_ABLATIONS)):
         entries = [(*v, None) for v in variants]
         if ablate:
-            entries = entries[:1] + [(tag, {}, edits, {}, None) for tag, edits in ablations]
+            forced = {"_LAYOUT": "token_blocks"} if module == "compute_out" else {}
+            entries = entries[:1] + [(tag, forced, edits, {}, None) for tag, edits in ablations]
         if module in candidates:
             path = Path(candidates[module])
             entries.insert(1, (f"file:{path.stem}", {}, [], {}, path))
@@ -208,7 +213,7 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None, lists=()):
                 out = cupy.full(inp["x"].shape, math.nan, cupy.float32)
                 launches = [getattr(mod, LAUNCHERS[module])(
                     inp["x"], inp["B"], inp["C"], dt_out, dA_cumsum, chunk_states, inp["D"],
-                    None, None, out)]
+                    None, None, out, sms)]
                 check = out
             if hints:  # on the stage's first kernel (fwd_pass_state's state products)
                 kernel, grid, args = launches[0]

@@ -1,6 +1,10 @@
-"""compute_out: every chunk's output from the state entering it, fused in one kernel."""
+"""compute_out: every chunk's output from the state entering it, fused in one kernel: a program
+per token block, or, where that pays, a program per chunk that carries the state through the
+chunk's token blocks."""
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import cuda.tile as ct
 
@@ -33,6 +37,42 @@ TILE_ELEMENTS = 8192
 # on the four rows swept (long_seq not swept), e.g. 0.98 ms against 1.19 / 1.22 / 1.19 on the
 # Mamba-2 2.7B row and 0.38 against 0.56 / 0.39 / 0.45 on the 8-group row (dstate 64).
 OCCUPANCY = 2
+# Program layouts. "token_blocks" (_compute_out_kernel): a program per token block, looping over
+# the chunk's earlier token blocks, so a chunk's x, B and the entering state are read once per
+# token block after them. "whole_chunks" (_compute_out_chunk_kernel): a program per chunk, its
+# token blocks in order, each block's tokens seeing the earlier blocks through a state carried
+# in registers (a jump of fwd_pass_state's kind per block): x, B, C and the state are read once;
+# without seq_idx (see _compute_out_chunk).
+# It needs the heads' [BLOCK_P, DSTATE] states in registers (they spill at two heads, 225 KB of
+# shared memory, one program per SM) and pays where a chunk has many token blocks: H200
+# (benchmarks/NOTES.md, runs 21-22), two heads, dstate 128, chunk 256: 0.807 -> 0.746 ms on the
+# Mamba-2 2.7B row, 0.259 -> 0.229 on 130m, 0.895 -> 0.785 on long_seq, 0.813 -> 0.743 with
+# 2 groups (run 24); not elsewhere: one head 0.992 (2.7B), chunk 128 with dstate 64 (8 groups)
+# 0.361 -> 0.364 (one head) / 0.518 (two), chunk 64 0.536 -> 0.666, chunk 256 with dstate 64
+# 0.554 -> 0.585 (2.7B heads), 0.177 -> 0.182 (130m's).
+LAYOUTS = ("token_blocks", "whole_chunks")
+WHOLE_CHUNK_MIN_BLOCKS = 4  # token blocks per chunk
+WHOLE_CHUNK_DSTATE = 128  # the state tile measured; larger ones would spill more
+# and where its grid has at least WHOLE_CHUNK_MIN_WAVES programs per SM (they run one per SM):
+# the batch-1 sweep (Mamba-2 2.7B heads, ssd_forward without the value read, run 24) went
+# 0.109 -> 0.118 ms at 1024 tokens (160 programs on 132 SMs), 0.179 -> 0.173 at 2048 (320)
+WHOLE_CHUNK_MIN_WAVES = 2
+_LAYOUT: str | None = None  # layout_as's override
+
+
+@contextmanager
+def layout_as(layout: str):
+    """Within the block, compute_out runs the `layout` programs whatever the shape (except that
+    seq_idx, and arrays of 2^31 elements or more, always take token blocks): tests and
+    properties run both layouts on any shape."""
+    global _LAYOUT
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: {layout!r} is not one of {LAYOUTS}")
+    previous, _LAYOUT = _LAYOUT, layout
+    try:
+        yield
+    finally:
+        _LAYOUT = previous
 
 
 def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.IndexedWithInt64,
@@ -153,9 +193,131 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         ct.store(y, (b, tb, h, pb), ct.reshape(yt, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
 
 
+def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
+                              C: ct.IndexedWithInt64, dt_out: ct.IndexedWithInt64,
+                              dA_cumsum: ct.IndexedWithInt64, chunk_states: ct.IndexedWithInt64,
+                              D, z: ct.IndexedWithInt64, y: ct.IndexedWithInt64,
+                              CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
+                              BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
+                              HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
+                              D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool]):
+    """One program: y of one chunk, BLOCK_P headdim columns of HEADS heads of one group, token
+    block by token block, without seq_idx; grid (chunks x headdim blocks, nheads / HEADS, batch)."""
+    cp = ct.bid(0)
+    hb = ct.bid(1)  # head block: heads hb * HEADS ... hb * HEADS + HEADS - 1, one group
+    b = ct.bid(2)
+    seqlen = x.shape[1]
+    p_blocks = ct.cdiv(x.shape[3], BLOCK_P)
+    c = cp // p_blocks
+    pb = cp % p_blocks
+    T_PER_CHUNK = CHUNK // BLOCK_T
+    g = hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
+    # token blocks that hold real tokens (a block wholly past seqlen is neither loaded nor stored)
+    t_blocks = ct.minimum(T_PER_CHUNK, ct.cdiv(seqlen - c * CHUNK, BLOCK_T))
+
+    # Each head carries its state S, [BLOCK_P, DSTATE], through the chunk: before token block i
+    # it is the state after the block's previous token (the chunk's entering state for i = 0),
+    # and a_before is dA_cumsum at that token (0 at the chunk's start). A block's tokens see the
+    # earlier blocks through S alone, so x, B and C are read once per chunk: y_t =
+    # 2^(a_t - a_before) S . C_t^T + the block's own causal term (C_t . B_s^T o L) (dt_s x_s).
+    # y is accumulated transposed, y^T [BLOCK_P, BLOCK_T], so that x^T is a product's first
+    # operand (on the H200 this order ran 1.19 -> 0.98 ms on the Mamba-2 2.7B row against y with
+    # x second; benchmarks/NOTES.md, runs 6 and 7). The heads' tiles are tuples unrolled at
+    # compile time, so every product stays two-dimensional.
+    states = ()
+    a_befores = ()
+    for k in ct.static_iter(range(HEADS)):
+        S = ct.load(chunk_states, (b, c, hb * HEADS + k, pb, 0),
+                    shape=(1, 1, 1, BLOCK_P, DSTATE), padding_mode=ct.PaddingMode.ZERO)
+        states += (ct.reshape(S, (BLOCK_P, DSTATE)),)
+        a_befores += (ct.zeros((1, 1), dtype=ct.float32),)
+    rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
+    cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
+    causal = rows <= cols  # causal: s <= t
+
+    for i in range(t_blocks):
+        tb = c * T_PER_CHUNK + i
+        # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32
+        # (exact) before any arithmetic, except for C . B^T: it takes bfloat16 / float16
+        # operands as they are (exact in TF32, their products exact in float32, accumulated in
+        # float32), at twice the TF32 rate
+        Ct = ct.load(C, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
+                     padding_mode=ct.PaddingMode.ZERO)
+        CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [DSTATE, BLOCK_T]
+        CtT = CtT_in.astype(ct.float32).astype(ct.tfloat32)
+        Bt = ct.reshape(ct.load(B, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
+                                padding_mode=ct.PaddingMode.ZERO), (BLOCK_T, DSTATE))  # [s, n]
+        Bt_tf32 = Bt.astype(ct.float32).astype(ct.tfloat32)
+        if C.dtype == ct.float32:
+            cbT = ct.mma(Bt_tf32, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
+        else:
+            cbT = ct.mma(Bt, CtT_in, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))
+        new_states = ()
+        new_a_befores = ()
+        for k in ct.static_iter(range(HEADS)):
+            h = hb * HEADS + k
+            a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)),
+                             (1, BLOCK_T))
+            a_s = ct.reshape(a_t, (BLOCK_T, 1))
+            dt_s = ct.reshape(ct.load(dt_out, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)),
+                              (BLOCK_T, 1))
+            # the state's term, [BLOCK_P, BLOCK_T]: 2^(a_t - a_before) S . C_t^T; clamp:
+            # rounding must not make the decay > 1
+            acc = ct.mma(states[k].astype(ct.tfloat32), CtT,
+                         ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
+            acc = acc * ct.exp2(ct.minimum(a_t - a_befores[k], 0.0))
+            # the block's own term: (dt_s x_s)^T (C_t . B_s^T o L)^T. L^T[s, t] = 2^(a_t - a_s):
+            # a select on a clamped exponent, so 2^(positive) is never formed above the diagonal
+            # and no inf * 0 can appear
+            LT = ct.where(causal, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
+            xs = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+                         padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+            xs = ct.reshape(xs, (BLOCK_T, BLOCK_P))
+            xsT = ct.transpose(xs)  # [BLOCK_P, s]
+            W = (cbT * LT * dt_s).astype(ct.tfloat32)  # [s, t]
+            acc = ct.mma(xsT.astype(ct.tfloat32), W, acc)
+            if HAS_D:
+                if D_PER_HEADDIM:
+                    d = ct.load(D, (h, pb), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
+                    d = ct.reshape(d, (BLOCK_P, 1))
+                else:
+                    d = ct.reshape(ct.load(D, (h,), shape=(1,)), (1, 1))
+                acc = acc + d * xsT  # the block's x is x_t: the skip term reads no more
+            if HAS_Z:
+                zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+                             padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+                zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
+                # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator
+                # is inf and the gate is -0, its limit
+                acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
+            # rows past seqlen and columns past headdim are masked by the store; y has x's
+            # dtype (one rounding of the float32 result for narrow inputs)
+            ct.store(y, (b, tb, h, pb),
+                     ct.reshape(ct.transpose(acc), (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
+            if T_PER_CHUNK > 1:  # a chunk of one token block needs no state after it
+                # the state after the block, [BLOCK_P, DSTATE]: S 2^(a_last - a_before) +
+                # (w o x)^T B, w_s = dt_s 2^(a_last - a_s) (a_last: dA_cumsum at the block's last
+                # token, flat over a short chunk's padding)
+                a_last = ct.reshape(ct.load(dA_cumsum, (b, h, c, i * BLOCK_T + BLOCK_T - 1),
+                                            shape=(1, 1, 1, 1)), (1, 1))
+                carry = ct.exp2(ct.minimum(a_last - a_befores[k], 0.0))
+                w = dt_s * ct.exp2(ct.minimum(a_last - a_s, 0.0))  # [s, 1], scales x's rows
+                new_states += (ct.mma(ct.transpose(xs * w).astype(ct.tfloat32), Bt_tf32,
+                                      states[k] * carry),)
+                new_a_befores += (a_last,)
+        if T_PER_CHUNK > 1:
+            states = new_states
+            a_befores = new_a_befores
+
+
 # the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
 _compute_out = ct.kernel(int32_indexed(_compute_out_kernel), occupancy=OCCUPANCY)
 _compute_out_int64 = ct.kernel(_compute_out_kernel, occupancy=OCCUPANCY)
+# The program per chunk exists with int32 indices and without seq_idx only: tileiras 13.4
+# crashed (SIGFPE) compiling its int64 object with every option on, and, with seq_idx, failed
+# its loop schedule for sm_80 or crashed for sm_90 (segments carried through the token blocks
+# or read per block). Arrays of 2^31 elements or more, and seq_idx, take token blocks.
+_compute_out_chunk = ct.kernel(int32_indexed(_compute_out_chunk_kernel), occupancy=OCCUPANCY)
 
 
 def heads_per_program(heads_per_group: int, max_heads: int) -> int:
@@ -167,12 +329,23 @@ def heads_per_program(heads_per_group: int, max_heads: int) -> int:
     return heads
 
 
-def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
-    """(kernel, grid, kernel args) of _compute_out_kernel: the one place its tiles, its heads per
-    program and its kernel object (index width) are chosen.
+def layout(chunk_size: int, block_t: int, dstate_tile: int, heads: int, programs: int,
+           sm_count: int) -> str:
+    """The program layout the launcher takes where both can run (see LAYOUTS), unless layout_as
+    forces one; `programs`: the grid of a program per chunk."""
+    if _LAYOUT is not None:
+        return _LAYOUT
+    pays = (heads > 1 and chunk_size >= WHOLE_CHUNK_MIN_BLOCKS * block_t
+            and dstate_tile == WHOLE_CHUNK_DSTATE and programs >= WHOLE_CHUNK_MIN_WAVES * sm_count)
+    return "whole_chunks" if pays else "token_blocks"
+
+
+def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count):
+    """(kernel, grid, kernel args) of compute_out: the one place its program layout, its tiles,
+    its heads per program and its kernel object (index width) are chosen.
 
     Reads only shapes and x's dtype, so the compile gate derives its signatures from here too.
-    `seg` is the (batch, seqlen) int32 segment ids, or None.
+    `seg` is the (batch, seqlen) int32 segment ids, or None; `sm_count`: the device's SMs.
     """
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
     dstate = int(B.shape[3])
@@ -182,12 +355,21 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y):
     block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
     max_heads = MAX_HEADS if chunk_size > block_t and dtype_name(x) == "float32" else 1
     heads = heads_per_program(nheads // int(B.shape[2]), max_heads)
-    grid = (-(-seqlen // block_t) * -(-headdim // block_p), nheads // heads, batch)
-    args = (x, B, C, dt_out, dA_cumsum, chunk_states,
-            x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
-            chunk_size, block_t, block_p, dstate_tile, heads,
-            D is not None, D is not None and len(D.shape) == 2, z is not None, seg is not None)
-    kernel = _compute_out_int64 if needs_int64(*args) else _compute_out
+    options = (D is not None, D is not None and len(D.shape) == 2, z is not None)
+    arrays = (x, B, C, dt_out, dA_cumsum, chunk_states, x if D is None else D,
+              x if z is None else z)
+    tiles = (chunk_size, block_t, block_p, dstate_tile, heads)
+    chunk_programs = -(-seqlen // chunk_size) * -(-headdim // block_p) * (nheads // heads) * batch
+    # the program per chunk: int32 indices and no seq_idx only (_compute_out_chunk)
+    if (seg is None and not needs_int64(*arrays, y)
+            and layout(chunk_size, block_t, dstate_tile, heads, chunk_programs,
+                       sm_count) == "whole_chunks"):
+        kernel, tokens, args = _compute_out_chunk, chunk_size, (*arrays, y, *tiles, *options)
+    else:
+        args = (*arrays, dt_out if seg is None else seg, y, *tiles, *options, seg is not None)
+        kernel = _compute_out_int64 if needs_int64(*args) else _compute_out
+        tokens = block_t
+    grid = (-(-seqlen // tokens) * -(-headdim // block_p), nheads // heads, batch)
     return kernel, grid, args
 
 
@@ -208,7 +390,8 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     D, z = backend.contiguous_float32(D), backend.contiguous(z)
     seg = backend.segment_ids(seq_idx)
     y = backend.empty(dims.shape("y"), like=x)
-    launch = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y)
+    launch = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y,
+                                backend.sm_count)
     if check_values and D is not None:  # last before the launch, as in ssd_forward
         check_vector_values(D=D)
     backend.launch(*launch)

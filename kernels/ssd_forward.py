@@ -74,5 +74,5 @@ def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_soft
         chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit),
         *fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
                                  final_states, sm_count),
-        compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y),
+        compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count),
     ]

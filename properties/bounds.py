@@ -17,6 +17,9 @@ TF32 operand roundings (|d| <= u = 2^-11 each; round to nearest, ct.astype(ct.tf
   compute_out, intra-chunk path:  C -> tf32, B -> tf32 (C B^T), (C B^T o L * dt) -> tf32,
                                   x -> tf32 ((C B^T o L dt) x)                         4 roundings
   compute_out, carried path:      C -> tf32, S -> tf32 (C S^T)                         2 roundings
+  compute_out, earlier token blocks of the chunk, where a program carries the state through
+  the chunk (layout whole_chunks): (w o x) -> tf32, B -> tf32 (the block's increment of
+                                  the state), S -> tf32, C -> tf32 (C S^T)             4 roundings
   fwd_pass_state, every increment: x -> tf32, (B * w) -> tf32 (x^T (B w))              2 roundings
   end to end, carried path:       the state's own 2 (fwd_pass_state) + C S^T's 2       4 roundings
   end to end, intra path:         as compute_out                                       4 roundings
@@ -28,7 +31,10 @@ fp32 work (unit u32 = 2^-24 = u / 8192), counted per path and added to kappa in 
     increment, each rounding's error decays with the state afterwards, so it stays <= u32 * M)
     + chunk_size (the intra-chunk sum) + 2 * dstate (C B^T and C S^T) + 3 * nchunks (carry
     products, the skip add, and with fwd_pass_state's chunks in parallel the addition of each
-    chunk's increment to the carried state) per output. Tensor cores do not promise IEEE
+    chunk's increment to the carried state) + 3 per token block of a chunk (compute_out's
+    whole_chunks layout: at each block boundary a carry 2^(a_last - a_before), 2 ulp, its
+    product and the addition of the block's increment; blocks of >= MIN_BLOCK_T tokens) per
+    output. Tensor cores do not promise IEEE
     round-to-nearest in their accumulation (truncation in the alignment of the addends), so
     each addition gets 2 u32: 2 n u32.
   - exp2 (ex2.approx: 2 ulp), the exponent difference a_t - a_s (1 rounding of a number <= 150 in
@@ -36,7 +42,7 @@ fp32 work (unit u32 = 2^-24 = u / 8192), counted per path and added to kappa in 
     the products dt * 2^e, cb * L * dt, the z gate, the dt processing (softplus, bias: C_DT =
     100 u32, below): 2 + 104 + 100 + ~10 < FP32_FIXED = 256 u32 for the fixed chain.
   kappa(stage, ...) = TF32 roundings + (2 n + FP32_FIXED) * u32 / u. At the ci profile's largest
-  sizes (seqlen 300, chunk 256, dstate 64) the fp32 part is 0.20; at (4096, 256, 256) it is 1.23.
+  sizes (seqlen 300, chunk 256, dstate 64) the fp32 part is 0.21; at (4096, 256, 256) it is 1.24.
 
 Two terms the relative count does not cover, both zero in ordinary cases:
   - decay_term: the forward's dA_cumsum is itself an fp32 cumulative sum. Its error at token t
@@ -85,10 +91,15 @@ C_DT = 100
 DECAY_ETA = 1.0 / 16.0
 
 
+# compute_out's smallest token block (kernels.arrays.MMA_MIN): the most block boundaries a
+# chunk's state crosses in the whole_chunks layout is chunk_size / MIN_BLOCK_T
+MIN_BLOCK_T = 16
+
+
 def accumulation_length(seqlen: int, chunk_size: int, dstate: int) -> int:
     """The number n of fp32 additions on the longest path to one output (see the derivation)."""
     nchunks = -(-seqlen // chunk_size)
-    return seqlen + chunk_size + 2 * dstate + 3 * nchunks
+    return seqlen + chunk_size + 2 * dstate + 3 * nchunks + 3 * (chunk_size // MIN_BLOCK_T)
 
 
 def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int) -> float:

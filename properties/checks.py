@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from kernels.arrays import outputs_filled_with, sm_count_as
+from kernels.compute_out import LAYOUTS, layout_as
 from kernels.fwd_pass_state import MODE_SM_COUNTS, modes
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
@@ -314,17 +315,23 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
 
 
 def compute_out_alone(p: Problem, backend: str) -> dict:
-    """compute_out alone (fp32-exact dt_out, dA_cumsum, chunk_states): y within
-    kappa('compute_out') u M."""
+    """compute_out alone (fp32-exact dt_out, dA_cumsum, chunk_states), in both program layouts (a
+    program per token block; per chunk, the state carried through its token blocks: the shape
+    picks one, layout_as forces each): y within kappa('compute_out') u M."""
     d = p.dims
     dt_out, dA, states = _exact_upstream(p)
     args = (p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx)
-    y = _call(compute_out, backend, *args)
     y_ref = R.compute_out_ref(*args)
     M = R.compute_out_magnitude(*args)
     bound = tf32_bound(M, kappa("compute_out", d.seqlen, d.chunk_size, d.dstate))
     floor = _floor(p, dt_out, states)
-    return check_close("compute_out y", y, y_ref, bound + floor, M, p, floor=floor)
+    metrics = []
+    for layout in LAYOUTS:
+        with layout_as(layout):
+            y = _call(compute_out, backend, *args)
+        metrics.append(check_close(f"compute_out ({layout}) y", y, y_ref, bound + floor, M, p,
+                                   floor=floor))
+    return _merge(*metrics)
 
 
 def causal_prefix(p: Problem, backend: str) -> dict:

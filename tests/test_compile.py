@@ -62,6 +62,11 @@ CONFIGS = [
     ("all_options_chunk256_fp16", Dims(2, 1000, 8, 64, 2, 128, 256),
      dict(ALL_OPTIONS, dtype="float16")),
     ("mamba2_2p7b_chunk128", Dims(4, 4096, 80, 64, 1, 128, 128), dict(D="head")),
+    # compute_out's program per chunk (float32, two heads per program, chunk 256, dstate tile
+    # 128, no seq_idx): every other option on, and off
+    ("options_but_seq_idx_chunk256", Dims(2, 1000, 8, 64, 2, 128, 256),
+     dict(ALL_OPTIONS, seq_idx=False)),
+    ("no_options_chunk256", Dims(1, 300, 4, 64, 1, 100, 256), dict()),
     # 2^31 elements in dt (2^37 in x): the int64-indexed kernel objects, every option off (in
     # float16) and on, at chunk 256 and at chunk 64 (fwd_pass_state's other object)
     ("int64_chunk256_fp16", Dims(1, 2**24, 128, 64, 1, 128, 256), dict(dtype="float16")),

@@ -6,16 +6,23 @@ import pytest
 import reference as R
 from contract import Dims
 from kernels import compute_out
+from kernels.compute_out import LAYOUTS, layout_as
 from properties.bounds import KAPPA
 from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
-                    step_options)
+                    recorded_launches, step_options)
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
+LAYOUT_KERNELS = {"token_blocks": "_compute_out_kernel", "whole_chunks": "_compute_out_chunk_kernel"}
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", [c.param() for c in CASES])
-def test_compute_out_matches_reference(case, backend, request):
+@pytest.mark.parametrize("case, layout", [
+    pytest.param(c, layout, id=f"{c.id}-{layout}", marks=c.marks)
+    for c in CASES for layout in LAYOUTS])
+def test_compute_out_matches_reference(case, layout, backend, request):
+    """Both program layouts on every case (the launcher picks one by shape, layout_as forces
+    each; with seq_idx both run token blocks)."""
     kw = make_inputs(case)
     dt_out, dA_cumsum = (a.astype(np.float32) for a in
                          R.chunk_cumsum_ref(kw["dt"], kw["A"], case.chunk_size, **step_options(kw)))
@@ -26,7 +33,10 @@ def test_compute_out_matches_reference(case, backend, request):
                   seq_idx=kw.get("seq_idx"))
     y_ref = R.compute_out_ref(**inputs)
     M = R.compute_out_magnitude(**inputs)
-    y = compute_out(**on_backend(backend, inputs))
+    with layout_as(layout), recorded_launches() as launches:
+        y = compute_out(**on_backend(backend, inputs))
+    runs = "token_blocks" if inputs["seq_idx"] is not None else layout  # no seq_idx per chunk
+    assert [name for name, _, _ in launches] == [LAYOUT_KERNELS[runs]]
     assert y.shape == y_ref.shape
     check_within("y", y, y_ref, M, KAPPA, request.node.name)
 
@@ -53,6 +63,57 @@ def test_a_program_takes_heads_of_one_group(dims, dtype, heads):
     from kernels.compute_out import compute_out_launch
     a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
     kernel, grid, args = compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
-                                            a("chunk_states"), None, None, None, a("y"))
+                                            a("chunk_states"), None, None, None, a("y"), 132)
     assert launch_arg(kernel, args, "HEADS") == heads
     assert grid[1] * heads == dims.nheads
+
+
+@pytest.mark.parametrize("dims, dtype, layout, seq_idx", [
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float32", "whole_chunks", False,
+                 id="mamba2_2p7b"),
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float32", "token_blocks", True,
+                 id="mamba2_2p7b_seq_idx"),
+    pytest.param(Dims(1, 2**24, 128, 64, 1, 128, 256), "float32", "token_blocks", False,
+                 id="int64_indices"),
+    pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float32", "whole_chunks", False,
+                 id="long_seq"),
+    pytest.param(Dims(8, 2048, 24, 64, 1, 100, 256), "float32", "whole_chunks", False,
+                 id="dstate_100_in_a_tile_of_128"),
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "bfloat16", "token_blocks", False,
+                 id="bfloat16_one_head"),
+    pytest.param(Dims(4, 4096, 81, 64, 1, 128, 256), "float32", "token_blocks", False,
+                 id="odd_heads_per_group_one_head"),
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 128), "float32", "token_blocks", False,
+                 id="chunk128_two_token_blocks"),
+    pytest.param(Dims(4, 4096, 64, 64, 8, 64, 128), "float32", "token_blocks", False,
+                 id="groups_8"),
+    pytest.param(Dims(4, 4096, 80, 64, 1, 64, 256), "float32", "token_blocks", False,
+                 id="dstate_64_not_measured"),
+    pytest.param(Dims(1, 4096, 8, 64, 1, 256, 256), "float32", "token_blocks", False,
+                 id="dstate_256"),
+    # the batch-1 sweep's shapes on the H200's 132 SMs: 160 programs per chunk at 1024 tokens
+    # (under two per SM), 320 at 2048
+    pytest.param(Dims(1, 1024, 80, 64, 1, 128, 256), "float32", "token_blocks", False,
+                 id="under_two_programs_per_sm"),
+    pytest.param(Dims(1, 2048, 80, 64, 1, 128, 256), "float32", "whole_chunks", False,
+                 id="two_programs_per_sm_or_more"),
+])
+def test_shape_picks_the_layout(dims, dtype, layout, seq_idx):
+    """A program per chunk where it was measured faster (two heads per program, four token
+    blocks or more per chunk, a dstate tile of 128, two programs per SM or more; int32 indices,
+    no seq_idx), else a program per token block (an H200's 132 SMs)."""
+    from types import SimpleNamespace
+    from kernels.compute_out import compute_out_launch
+    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
+    seg = SimpleNamespace(shape=dims.shape("seq_idx"), dtype="int32") if seq_idx else None
+    kernel, grid, args = compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
+                                            a("chunk_states"), None, None, seg, a("y"), 132)
+    assert kernel._pyfunc.__name__ == LAYOUT_KERNELS[layout]
+    tokens = dims.chunk_size if layout == "whole_chunks" else launch_arg(kernel, args, "BLOCK_T")
+    assert grid[0] == -(-dims.seqlen // tokens)  # headdim 64: one headdim block
+
+
+def test_layout_as_names_the_layouts():
+    with pytest.raises(ValueError, match="layout"):
+        with layout_as("tokens"):
+            pass

@@ -11,6 +11,7 @@ import pytest
 import cuda.tile as ct
 
 from kernels import ssd_forward
+from kernels.compute_out import LAYOUTS, layout_as
 from kernels.interpreter import record_mma_operands
 from shapes import CASES, make_inputs
 
@@ -18,11 +19,12 @@ TENSOR_CORE_OPERANDS = (ct.tfloat32, ct.bfloat16, ct.float16)
 
 
 @pytest.mark.properties
+@pytest.mark.parametrize("layout", LAYOUTS)  # compute_out's two kernels
 @pytest.mark.parametrize("case", [c.param() for c in CASES
                                   if c.id in ("all_options_chunk16", "headdim_3_dstate_5",
                                               "all_options_chunk256")])
-def test_every_product_has_tensor_core_operands(case):
-    with record_mma_operands() as products:
+def test_every_product_has_tensor_core_operands(case, layout):
+    with layout_as(layout), record_mma_operands() as products:
         ssd_forward(**make_inputs(case), return_final_states=True)
     assert products, "ssd_forward ran no matrix product on the interpreter"
     slow = sorted({f"{x} x {y}" for x, y in products
