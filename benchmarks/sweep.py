@@ -16,12 +16,13 @@ read on the host, a synchronisation inside the timed span) and check_values=Fals
 Each variant is a kernel module (kernels/compute_out.py or kernels/fwd_pass_state.py) loaded
 from a copy of its source with textual edits applied (e.g. a `latency=` hint on a load) and
 module constants or functions overridden (the MAX_BLOCK_*, MAX_HEADS and WHOLE_CHUNK_K the
-launcher reads, its needs_int64 to time the int64 object), plus compiler hints
-(`kernel.replace_hints(occupancy=...)`); a variant's "sm_count" replaces the device's SM count
-the fwd_pass_state launcher reads. Every variant's output is compared with the default
-variant's (max |diff| / max |default|, TF32 noise is ~1e-3) and timed with CUDA events, L2
-flushed before every launch, median of --reps launches. The kernels' inputs come from the
-default kernels before them. Prints one table; the notes (benchmarks/NOTES.md) keep the results.
+launcher reads, compute_out's _LAYOUT to force a program layout, its needs_int64 to time the
+int64 object), plus compiler hints (`kernel.replace_hints(occupancy=...)`); a variant's
+"sm_count" replaces the device's SM count both launchers read. Every variant's output is
+compared with the default variant's (max |diff| / max |default|, TF32 noise is ~1e-3) and timed
+with CUDA events, L2 flushed before every launch, median of --reps launches. The kernels' inputs
+come from the default kernels before them. Prints one table; the notes (benchmarks/NOTES.md)
+keep the results.
 """
 
 from __future__ import annotations
@@ -89,9 +90,10 @@ FWD_PASS_STATE_VARIANTS = [
     ("small_grid_pass64", {"sm_count": 2**31, "PASS_BLOCK_P": 64, "PASS_BLOCK_N": 64}, [], {}),
 ]
 # Ablations: (name, textual edits) that leave one stage out, timed beside the committed kernel.
-# compute_out (its program per token block, forced): the intra-chunk loop (whole / diagonal
-# block only), its exp2, its second product, the carried-state product. fwd_pass_state: the chunk_states store of the chunks in order (where
-# the launcher runs them in parallel it leaves nothing out), the exp2 of the weights.
+# compute_out (its program per token block, forced, the baseline too): the intra-chunk loop
+# (whole / diagonal block only), its exp2, its second product, the carried-state product.
+# fwd_pass_state: the chunk_states store of the chunks in order (where the launcher runs them in
+# parallel it leaves nothing out), the exp2 of the weights.
 COMPUTE_OUT_ABLATIONS = [
     ("abl_no_intra", [("for j in range(i + 1):", "for j in range(0):", 1)]),
     ("abl_diag_only", [("for j in range(i + 1):", "for j in range(i, i + 1):", 1)]),
@@ -164,9 +166,11 @@ def variant_lists(ablate: bool, candidates: dict) -> tuple:
             ("fwd_pass_state", FWD_PASS_STATE_VARIANTS, FWD_PASS_STATE_ABLATIONS),
             ("compute_out", COMPUTE_OUT_VARIANTS, COMPUTE_OUT_ABLATIONS)):
         entries = [(*v, None) for v in variants]
-        if ablate:
+        if ablate:  # compute_out's ablations edit its program per token block, forced
             forced = {"_LAYOUT": "token_blocks"} if module == "compute_out" else {}
-            entries = entries[:1] + [(tag, forced, edits, {}, None) for tag, edits in ablations]
+            tag, constants, edits, hints, source = entries[0]
+            entries = [(tag, {**constants, **forced}, edits, hints, source)] + [
+                (tag, forced, edits, {}, None) for tag, edits in ablations]
         if module in candidates:
             path = Path(candidates[module])
             entries.insert(1, (f"file:{path.stem}", {}, [], {}, path))

@@ -1,6 +1,6 @@
-"""compute_out: every chunk's output from the state entering it, fused in one kernel: a program
-per token block, or, where that pays, a program per chunk that carries the state through the
-chunk's token blocks."""
+"""compute_out: every chunk's output from the state entering it (carried-state term, causal
+interaction, D skip and z gate fused): a program per token block, or, where that pays, a program
+per chunk that carries the state through the chunk's token blocks."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, need
                            pow2_tile)
 from kernels.chunk_cumsum import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
-# Tile sizes (launcher-chosen constants, so performance work can tune them here): a program
-# computes [BLOCK_T, BLOCK_P] of y for each of its heads, looping over the chunk's s-blocks of
-# BLOCK_T tokens up to the diagonal (flash-attention-like), so a chunk x chunk matrix never
-# exists, not even in registers.
+# Tile sizes (launcher-chosen constants, so performance work can tune them here): a program per
+# token block computes [BLOCK_T, BLOCK_P] of y for each of its heads, looping over the chunk's
+# s-blocks of BLOCK_T tokens up to the diagonal (flash-attention-like), so a chunk x chunk matrix
+# never exists, not even in registers; a program per chunk computes the same tiles block after
+# block.
 # dstate is held whole (padded to a power of two); BLOCK_T shrinks as dstate grows so that the
 # C and B tiles, [BLOCK_T, DSTATE], stay at 8K elements.
 MAX_BLOCK_T = 64
@@ -42,14 +43,15 @@ OCCUPANCY = 2
 # token block after them. "whole_chunks" (_compute_out_chunk_kernel): a program per chunk, its
 # token blocks in order, each block's tokens seeing the earlier blocks through a state carried
 # in registers (a jump of fwd_pass_state's kind per block): x, B, C and the state are read once;
-# without seq_idx (see _compute_out_chunk).
-# It needs the heads' [BLOCK_P, DSTATE] states in registers (they spill at two heads, 225 KB of
-# shared memory, one program per SM) and pays where a chunk has many token blocks: H200
-# (benchmarks/NOTES.md, runs 21-22), two heads, dstate 128, chunk 256: 0.807 -> 0.746 ms on the
-# Mamba-2 2.7B row, 0.259 -> 0.229 on 130m, 0.895 -> 0.785 on long_seq, 0.813 -> 0.743 with
-# 2 groups (run 24); not elsewhere: one head 0.992 (2.7B), chunk 128 with dstate 64 (8 groups)
-# 0.361 -> 0.364 (one head) / 0.518 (two), chunk 64 0.536 -> 0.666, chunk 256 with dstate 64
-# 0.554 -> 0.585 (2.7B heads), 0.177 -> 0.182 (130m's).
+# float32 inputs without seq_idx only (see _compute_out_chunk).
+# It needs the heads' [BLOCK_P, DSTATE] states in registers (at two heads they spill and take
+# 225 KB of shared memory: one program per SM whatever the occupancy hint, 2 or 1 ran 0.746 /
+# 0.745 ms) and pays where a chunk has many token blocks. H200 (benchmarks/NOTES.md, runs 21,
+# 22 and 24), two heads, dstate 128, chunk 256: 0.807 -> 0.746 ms on the Mamba-2 2.7B row,
+# 0.259 -> 0.229 on 130m, 0.895 -> 0.785 on long_seq, 0.813 -> 0.743 with 2 groups; not
+# elsewhere: one head 0.992 (2.7B), chunk 128 with dstate 64 (8 groups) 0.361 -> 0.364 (one
+# head) / 0.518 (two), chunk 64 0.536 -> 0.665, chunk 256 with dstate 64 0.554 -> 0.585 (2.7B
+# heads), 0.177 -> 0.182 (130m's).
 LAYOUTS = ("token_blocks", "whole_chunks")
 WHOLE_CHUNK_MIN_BLOCKS = 4  # token blocks per chunk
 WHOLE_CHUNK_DSTATE = 128  # the state tile measured; larger ones would spill more
@@ -61,14 +63,14 @@ _LAYOUT: str | None = None  # layout_as's override
 
 
 @contextmanager
-def layout_as(layout: str):
-    """Within the block, compute_out runs the `layout` programs whatever the shape (except that
-    seq_idx, and arrays of 2^31 elements or more, always take token blocks): tests and
-    properties run both layouts on any shape."""
+def layout_as(name: str):
+    """Within the block, compute_out runs the programs of layout `name` whatever the shape (except
+    that narrow inputs, seq_idx and arrays of 2^31 elements or more always take token blocks):
+    tests and properties run both layouts on any shape."""
     global _LAYOUT
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: {layout!r} is not one of {LAYOUTS}")
-    previous, _LAYOUT = _LAYOUT, layout
+    if name not in LAYOUTS:
+        raise ValueError(f"layout: {name!r} is not one of {LAYOUTS}")
+    previous, _LAYOUT = _LAYOUT, name
     try:
         yield
     finally:
@@ -202,7 +204,8 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                               HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
                               D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool]):
     """One program: y of one chunk, BLOCK_P headdim columns of HEADS heads of one group, token
-    block by token block, without seq_idx; grid (chunks x headdim blocks, nheads / HEADS, batch)."""
+    block by token block (float32, no seq_idx); grid (chunks x headdim blocks, nheads / HEADS,
+    batch)."""
     cp = ct.bid(0)
     hb = ct.bid(1)  # head block: heads hb * HEADS ... hb * HEADS + HEADS - 1, one group
     b = ct.bid(2)
@@ -230,37 +233,29 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
         S = ct.load(chunk_states, (b, c, hb * HEADS + k, pb, 0),
                     shape=(1, 1, 1, BLOCK_P, DSTATE), padding_mode=ct.PaddingMode.ZERO)
         states += (ct.reshape(S, (BLOCK_P, DSTATE)),)
-        a_befores += (ct.zeros((1, 1), dtype=ct.float32),)
+        a_befores += (ct.zeros((1, 1), dtype=ct.float32),)  # [1, 1]
     rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
     causal = rows <= cols  # causal: s <= t
 
     for i in range(t_blocks):
         tb = c * T_PER_CHUNK + i
-        # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32
-        # (exact) before any arithmetic, except for C . B^T: it takes bfloat16 / float16
-        # operands as they are (exact in TF32, their products exact in float32, accumulated in
-        # float32), at twice the TF32 rate
         Ct = ct.load(C, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                      padding_mode=ct.PaddingMode.ZERO)
-        CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [DSTATE, BLOCK_T]
-        CtT = CtT_in.astype(ct.float32).astype(ct.tfloat32)
+        CtT = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE))).astype(ct.tfloat32)  # [n, t]
         Bt = ct.reshape(ct.load(B, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                                 padding_mode=ct.PaddingMode.ZERO), (BLOCK_T, DSTATE))  # [s, n]
-        Bt_tf32 = Bt.astype(ct.float32).astype(ct.tfloat32)
-        if C.dtype == ct.float32:
-            cbT = ct.mma(Bt_tf32, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
-        else:
-            cbT = ct.mma(Bt, CtT_in, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))
+        Bt_tf32 = Bt.astype(ct.tfloat32)
+        cbT = ct.mma(Bt_tf32, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
         new_states = ()
         new_a_befores = ()
         for k in ct.static_iter(range(HEADS)):
             h = hb * HEADS + k
             a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)),
-                             (1, BLOCK_T))
-            a_s = ct.reshape(a_t, (BLOCK_T, 1))
+                             (1, BLOCK_T))  # [1, t]
+            a_s = ct.reshape(a_t, (BLOCK_T, 1))  # [s, 1]
             dt_s = ct.reshape(ct.load(dt_out, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)),
-                              (BLOCK_T, 1))
+                              (BLOCK_T, 1))  # [s, 1]
             # the state's term, [BLOCK_P, BLOCK_T]: 2^(a_t - a_before) S . C_t^T; clamp:
             # rounding must not make the decay > 1
             acc = ct.mma(states[k].astype(ct.tfloat32), CtT,
@@ -271,7 +266,7 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             # and no inf * 0 can appear
             LT = ct.where(causal, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
             xs = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
-                         padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+                         padding_mode=ct.PaddingMode.ZERO)
             xs = ct.reshape(xs, (BLOCK_T, BLOCK_P))
             xsT = ct.transpose(xs)  # [BLOCK_P, s]
             W = (cbT * LT * dt_s).astype(ct.tfloat32)  # [s, t]
@@ -285,21 +280,19 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                 acc = acc + d * xsT  # the block's x is x_t: the skip term reads no more
             if HAS_Z:
                 zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
-                             padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+                             padding_mode=ct.PaddingMode.ZERO)
                 zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
                 # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator
                 # is inf and the gate is -0, its limit
                 acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
-            # rows past seqlen and columns past headdim are masked by the store; y has x's
-            # dtype (one rounding of the float32 result for narrow inputs)
-            ct.store(y, (b, tb, h, pb),
-                     ct.reshape(ct.transpose(acc), (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
+            # rows past seqlen and columns past headdim are masked by the store
+            ct.store(y, (b, tb, h, pb), ct.reshape(ct.transpose(acc), (1, BLOCK_T, 1, BLOCK_P)))
             if T_PER_CHUNK > 1:  # a chunk of one token block needs no state after it
                 # the state after the block, [BLOCK_P, DSTATE]: S 2^(a_last - a_before) +
                 # (w o x)^T B, w_s = dt_s 2^(a_last - a_s) (a_last: dA_cumsum at the block's last
                 # token, flat over a short chunk's padding)
                 a_last = ct.reshape(ct.load(dA_cumsum, (b, h, c, i * BLOCK_T + BLOCK_T - 1),
-                                            shape=(1, 1, 1, 1)), (1, 1))
+                                            shape=(1, 1, 1, 1)), (1, 1))  # [1, 1]
                 carry = ct.exp2(ct.minimum(a_last - a_befores[k], 0.0))
                 w = dt_s * ct.exp2(ct.minimum(a_last - a_s, 0.0))  # [s, 1], scales x's rows
                 new_states += (ct.mma(ct.transpose(xs * w).astype(ct.tfloat32), Bt_tf32,
@@ -313,10 +306,11 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
 # the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
 _compute_out = ct.kernel(int32_indexed(_compute_out_kernel), occupancy=OCCUPANCY)
 _compute_out_int64 = ct.kernel(_compute_out_kernel, occupancy=OCCUPANCY)
-# The program per chunk exists with int32 indices and without seq_idx only: tileiras 13.4
-# crashed (SIGFPE) compiling its int64 object with every option on, and, with seq_idx, failed
-# its loop schedule for sm_80 or crashed for sm_90 (segments carried through the token blocks
-# or read per block). Arrays of 2^31 elements or more, and seq_idx, take token blocks.
+# The program per chunk exists for float32 inputs, with int32 indices and without seq_idx only:
+# tileiras 13.4 crashed (SIGFPE) compiling its int64 object with every option on, and, with
+# seq_idx, failed its loop schedule for sm_80 or crashed for sm_90 (segments carried through the
+# token blocks or read per block); narrow inputs take one head per program, where it does not
+# pay. Narrow inputs, seq_idx and arrays of 2^31 elements or more take token blocks.
 _compute_out_chunk = ct.kernel(int32_indexed(_compute_out_chunk_kernel), occupancy=OCCUPANCY)
 
 
@@ -344,8 +338,9 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
     """(kernel, grid, kernel args) of compute_out: the one place its program layout, its tiles,
     its heads per program and its kernel object (index width) are chosen.
 
-    Reads only shapes and x's dtype, so the compile gate derives its signatures from here too.
-    `seg` is the (batch, seqlen) int32 segment ids, or None; `sm_count`: the device's SMs.
+    Reads only shapes and x's dtype (and layout_as's override), so the compile gate derives its
+    signatures from here too. `seg` is the (batch, seqlen) int32 segment ids, or None;
+    `sm_count`: the device's SMs.
     """
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
     dstate = int(B.shape[3])
@@ -360,8 +355,8 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
               x if z is None else z)
     tiles = (chunk_size, block_t, block_p, dstate_tile, heads)
     chunk_programs = -(-seqlen // chunk_size) * -(-headdim // block_p) * (nheads // heads) * batch
-    # the program per chunk: int32 indices and no seq_idx only (_compute_out_chunk)
-    if (seg is None and not needs_int64(*arrays, y)
+    # the program per chunk: float32, int32 indices and no seq_idx only (_compute_out_chunk)
+    if (dtype_name(x) == "float32" and seg is None and not needs_int64(*arrays, y)
             and layout(chunk_size, block_t, dstate_tile, heads, chunk_programs,
                        sm_count) == "whole_chunks"):
         kernel, tokens, args = _compute_out_chunk, chunk_size, (*arrays, y, *tiles, *options)

@@ -33,8 +33,11 @@ fp32 work (unit u32 = 2^-24 = u / 8192), counted per path and added to kappa in 
     products, the skip add, and with fwd_pass_state's chunks in parallel the addition of each
     chunk's increment to the carried state) + 3 per token block of a chunk (compute_out's
     whole_chunks layout: at each block boundary a carry 2^(a_last - a_before), 2 ulp, its
-    product and the addition of the block's increment; blocks of >= MIN_BLOCK_T tokens) per
-    output. Tensor cores do not promise IEEE
+    product and the addition of the block's increment; blocks of >= MIN_BLOCK_T tokens; counted
+    for every stage and layout, an over-estimate elsewhere) per output. There a term's decay
+    2^(a_t - a_s) is a product of per-block factors whose exponents share a sign and add up to
+    a_t - a_s: their roundings add up to at most u32 |a_t - a_s|, as for one difference, and
+    the cumsum's own errors cancel between consecutive factors. Tensor cores do not promise IEEE
     round-to-nearest in their accumulation (truncation in the alignment of the addends), so
     each addition gets 2 u32: 2 n u32.
   - exp2 (ex2.approx: 2 ulp), the exponent difference a_t - a_s (1 rounding of a number <= 150 in
@@ -70,6 +73,8 @@ import math
 
 import numpy as np
 
+from kernels.arrays import MMA_MIN
+
 U_TF32 = 2.0 ** -11  # unit roundoff of a TF32 operand: 10-bit mantissa, round to nearest
 U_FP32 = 2.0 ** -24  # unit roundoff of fp32 arithmetic and accumulation
 FTZ_MIN = 2.0 ** -126  # smallest normal fp32: below it the GPU may flush to zero
@@ -91,9 +96,9 @@ C_DT = 100
 DECAY_ETA = 1.0 / 16.0
 
 
-# compute_out's smallest token block (kernels.arrays.MMA_MIN): the most block boundaries a
-# chunk's state crosses in the whole_chunks layout is chunk_size / MIN_BLOCK_T
-MIN_BLOCK_T = 16
+# compute_out's smallest token block: the most block boundaries a chunk's state crosses in the
+# whole_chunks layout is chunk_size / MIN_BLOCK_T
+MIN_BLOCK_T = MMA_MIN
 
 
 def accumulation_length(seqlen: int, chunk_size: int, dstate: int) -> int:

@@ -82,6 +82,10 @@ CASES = [
          seq_idx="sorted"),
     Case("all_options_chunk256", 2, 300, 4, 24, 2, 40, 256, **ALL_OPTIONS),
     Case("all_options_chunk16", 1, 70, 4, 8, 2, 8, 16, **ALL_OPTIONS),
+    # every option but seq_idx where a chunk holds several token blocks of dstate 100 (a tile of
+    # 128) and headdim 100 (two blocks of 64): what compute_out's program per chunk takes
+    Case("options_but_seq_idx_headdim_100_dstate_100", 1, 300, 4, 100, 2, 100, 256,
+         D="channel", z=True, dt="softplus", initial_states=True),
     # many programs: batch * nheads = 1024
     Case("batch_x_nheads_1024", 8, 32, 128, 16, 8, 16, 16),
     # the Mamba-2 2.7B layout, shortened: headdim 64, dstate 128, 80 heads, chunk 256

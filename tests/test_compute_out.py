@@ -13,7 +13,8 @@ from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_b
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
-LAYOUT_KERNELS = {"token_blocks": "_compute_out_kernel", "whole_chunks": "_compute_out_chunk_kernel"}
+LAYOUT_KERNELS = {"token_blocks": "_compute_out_kernel",
+                  "whole_chunks": "_compute_out_chunk_kernel"}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
