@@ -118,3 +118,22 @@ def test_layout_as_names_the_layouts():
     with pytest.raises(ValueError, match="layout"):
         with layout_as("tokens"):
             pass
+
+
+@pytest.mark.parametrize("dtype, seq_idx", [
+    pytest.param("float16", False, id="float16"),
+    pytest.param("bfloat16", False, id="bfloat16"),
+    pytest.param("float32", True, id="seq_idx"),
+])
+def test_forced_whole_chunks_keeps_token_blocks_where_it_has_no_kernel(dtype, seq_idx):
+    """The program per chunk exists for float32 without seq_idx only: forced elsewhere, compute_out
+    still launches the program per token block."""
+    from types import SimpleNamespace
+    from kernels.compute_out import compute_out_launch
+    dims = Dims(4, 4096, 80, 64, 1, 128, 256)
+    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
+    seg = SimpleNamespace(shape=dims.shape("seq_idx"), dtype="int32") if seq_idx else None
+    with layout_as("whole_chunks"):
+        kernel, _, _ = compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
+                                          a("chunk_states"), None, None, seg, a("y"), 132)
+    assert kernel._pyfunc.__name__ == LAYOUT_KERNELS["token_blocks"]
