@@ -77,6 +77,26 @@ def layout_as(name: str):
         _LAYOUT = previous
 
 
+def _head_D(D, h, pb, BLOCK_P, D_PER_HEADDIM):
+    """Head h's skip weights for headdim block pb: [BLOCK_P, 1] per channel, else [1, 1]."""
+    if D_PER_HEADDIM:
+        d = ct.load(D, (h, pb), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
+        d = ct.reshape(d, (BLOCK_P, 1))
+    else:
+        d = ct.reshape(ct.load(D, (h,), shape=(1,)), (1, 1))
+    return d
+
+
+def _z_gated(acc, z, b, tb, h, pb, BLOCK_T, BLOCK_P):
+    """y^T [BLOCK_P, BLOCK_T] of head h's token block tb times its gate z * sigmoid(z)."""
+    zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+                 padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)  # narrow z: widened, exact
+    zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
+    # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is inf and
+    # the gate is -0, its limit
+    return acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
+
+
 def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.IndexedWithInt64,
                         dt_out: ct.IndexedWithInt64, dA_cumsum: ct.IndexedWithInt64,
                         chunk_states: ct.IndexedWithInt64, D, z: ct.IndexedWithInt64,
@@ -176,19 +196,10 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         if HAS_D:
             xt = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
                          padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-            if D_PER_HEADDIM:
-                d = ct.load(D, (h, pb), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
-                d = ct.reshape(d, (BLOCK_P, 1))
-            else:
-                d = ct.reshape(ct.load(D, (h,), shape=(1,)), (1, 1))
-            acc = acc + d * ct.transpose(ct.reshape(xt, (BLOCK_T, BLOCK_P)))
+            acc = acc + _head_D(D, h, pb, BLOCK_P, D_PER_HEADDIM) * ct.transpose(
+                ct.reshape(xt, (BLOCK_T, BLOCK_P)))
         if HAS_Z:
-            zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
-                         padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-            zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
-            # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is
-            # inf and the gate is -0, its limit
-            acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
+            acc = _z_gated(acc, z, b, tb, h, pb, BLOCK_T, BLOCK_P)
         # rows past seqlen and columns past headdim are masked by the store; y has x's dtype
         # (one rounding of the float32 result for narrow inputs)
         yt = ct.transpose(acc)  # [BLOCK_T, BLOCK_P]
@@ -271,20 +282,10 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             xsT = ct.transpose(xs)  # [BLOCK_P, s]
             W = (cbT * LT * dt_s).astype(ct.tfloat32)  # [s, t]
             acc = ct.mma(xsT.astype(ct.tfloat32), W, acc)
-            if HAS_D:
-                if D_PER_HEADDIM:
-                    d = ct.load(D, (h, pb), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
-                    d = ct.reshape(d, (BLOCK_P, 1))
-                else:
-                    d = ct.reshape(ct.load(D, (h,), shape=(1,)), (1, 1))
-                acc = acc + d * xsT  # the block's x is x_t: the skip term reads no more
+            if HAS_D:  # the block's x is x_t: the skip term reads no more
+                acc = acc + _head_D(D, h, pb, BLOCK_P, D_PER_HEADDIM) * xsT
             if HAS_Z:
-                zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
-                             padding_mode=ct.PaddingMode.ZERO)
-                zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
-                # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator
-                # is inf and the gate is -0, its limit
-                acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
+                acc = _z_gated(acc, z, b, tb, h, pb, BLOCK_T, BLOCK_P)
             # rows past seqlen and columns past headdim are masked by the store
             ct.store(y, (b, tb, h, pb), ct.reshape(ct.transpose(acc), (1, BLOCK_T, 1, BLOCK_P)))
             if T_PER_CHUNK > 1:  # a chunk of one token block needs no state after it
@@ -355,15 +356,15 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
               x if z is None else z)
     tiles = (chunk_size, block_t, block_p, dstate_tile, heads)
     chunk_programs = -(-seqlen // chunk_size) * -(-headdim // block_p) * (nheads // heads) * batch
+    int64 = needs_int64(*arrays, y, seg)
     # the program per chunk: float32, int32 indices and no seq_idx only (_compute_out_chunk)
-    if (dtype_name(x) == "float32" and seg is None and not needs_int64(*arrays, y)
+    if (dtype_name(x) == "float32" and seg is None and not int64
             and layout(chunk_size, block_t, dstate_tile, heads, chunk_programs,
                        sm_count) == "whole_chunks"):
         kernel, tokens, args = _compute_out_chunk, chunk_size, (*arrays, y, *tiles, *options)
     else:
         args = (*arrays, dt_out if seg is None else seg, y, *tiles, *options, seg is not None)
-        kernel = _compute_out_int64 if needs_int64(*args) else _compute_out
-        tokens = block_t
+        kernel, tokens = (_compute_out_int64 if int64 else _compute_out), block_t
     grid = (-(-seqlen // tokens) * -(-headdim // block_p), nheads // heads, batch)
     return kernel, grid, args
 

@@ -15,6 +15,18 @@ pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
 LAYOUT_KERNELS = {"token_blocks": "_compute_out_kernel",
                   "whole_chunks": "_compute_out_chunk_kernel"}
+H200_SMS = 132
+
+
+def stand_in_launch(dims: Dims, dtype: str, seq_idx: bool = False):
+    """compute_out_launch's (kernel, grid, args) for stand-in arrays (a shape and a dtype, no
+    data) of these dimensions, D and z off, on an H200's SM count."""
+    from types import SimpleNamespace
+    from kernels.compute_out import compute_out_launch
+    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
+    seg = SimpleNamespace(shape=dims.shape("seq_idx"), dtype="int32") if seq_idx else None
+    return compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
+                              a("chunk_states"), None, None, seg, a("y"), H200_SMS)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -60,11 +72,7 @@ def test_a_program_takes_heads_of_one_group(dims, dtype, heads):
     """compute_out's programs each take `heads` heads: with float32 inputs a power of two
     dividing the heads of a group (they share C B^T), one when the chunk is a single token
     block; one with narrow inputs."""
-    from types import SimpleNamespace
-    from kernels.compute_out import compute_out_launch
-    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
-    kernel, grid, args = compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
-                                            a("chunk_states"), None, None, None, a("y"), 132)
+    kernel, grid, args = stand_in_launch(dims, dtype)
     assert launch_arg(kernel, args, "HEADS") == heads
     assert grid[1] * heads == dims.nheads
 
@@ -103,12 +111,7 @@ def test_shape_picks_the_layout(dims, dtype, layout, seq_idx):
     """A program per chunk where it was measured faster (two heads per program, four token
     blocks or more per chunk, a dstate tile of 128, two programs per SM or more; int32 indices,
     no seq_idx), else a program per token block (an H200's 132 SMs)."""
-    from types import SimpleNamespace
-    from kernels.compute_out import compute_out_launch
-    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
-    seg = SimpleNamespace(shape=dims.shape("seq_idx"), dtype="int32") if seq_idx else None
-    kernel, grid, args = compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
-                                            a("chunk_states"), None, None, seg, a("y"), 132)
+    kernel, grid, args = stand_in_launch(dims, dtype, seq_idx)
     assert kernel._pyfunc.__name__ == LAYOUT_KERNELS[layout]
     tokens = dims.chunk_size if layout == "whole_chunks" else launch_arg(kernel, args, "BLOCK_T")
     assert grid[0] == -(-dims.seqlen // tokens)  # headdim 64: one headdim block
@@ -128,12 +131,6 @@ def test_layout_as_names_the_layouts():
 def test_forced_whole_chunks_keeps_token_blocks_where_it_has_no_kernel(dtype, seq_idx):
     """The program per chunk exists for float32 without seq_idx only: forced elsewhere, compute_out
     still launches the program per token block."""
-    from types import SimpleNamespace
-    from kernels.compute_out import compute_out_launch
-    dims = Dims(4, 4096, 80, 64, 1, 128, 256)
-    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
-    seg = SimpleNamespace(shape=dims.shape("seq_idx"), dtype="int32") if seq_idx else None
     with layout_as("whole_chunks"):
-        kernel, _, _ = compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
-                                          a("chunk_states"), None, None, seg, a("y"), 132)
+        kernel, _, _ = stand_in_launch(Dims(4, 4096, 80, 64, 1, 128, 256), dtype, seq_idx)
     assert kernel._pyfunc.__name__ == LAYOUT_KERNELS["token_blocks"]
