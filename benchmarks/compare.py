@@ -6,8 +6,11 @@ Gated: the project's own benchmarks (extra_info impl "cutile": ssd_forward and e
 "cutile_nocheck": ssd_forward with check_values=False),
 matched by test id (fullname). A gated benchmark regresses when its current median exceeds
 (1 + threshold) x its baseline median; a gated benchmark of the baseline that is missing from the
-current run (it failed, errored or was skipped) also fails the gate. Benchmarks new in the
-current run and the comparators (torch, mamba_ssm) are listed, never gated.
+current run (it failed, errored or was skipped) also fails the gate, and so does a gated
+benchmark timed by another method in the two files (`extra_info['timing']`, "gpu" or "latency",
+benchmarks/timing.py; files from before that key are "gpu"): its medians measure different
+things, so the baseline must be re-measured. Benchmarks new in the current run and the
+comparators (torch, mamba_ssm) are listed, never gated.
 
 Why not pytest-benchmark's own `--benchmark-compare-fail=median:10%`: that reruns the benchmarks
 against its storage folder and gates every benchmark alike; this command compares two stored
@@ -42,6 +45,10 @@ def _gated(bench: dict) -> bool:
     return bench.get("extra_info", {}).get("impl") in GATED_IMPLS
 
 
+def _timing(bench: dict) -> str:
+    return bench.get("extra_info", {}).get("timing", "gpu")
+
+
 def compare(baseline: dict[str, dict], current: dict[str, dict], threshold: float):
     """(rows, failures): one row per benchmark (name, baseline ms, current ms, change, status)."""
     rows, failures = [], []
@@ -57,11 +64,13 @@ def compare(baseline: dict[str, dict], current: dict[str, dict], threshold: floa
             status = "MISSING" if gated else "missing (not gated)"
         elif not gated:
             status = "not gated"
+        elif _timing(base) != _timing(cur):
+            status = f"METHOD {_timing(base)} -> {_timing(cur)}"
         elif change > threshold:
             status = "REGRESSION"
         else:
             status = "ok"
-        if status in ("MISSING", "REGRESSION"):
+        if status in ("MISSING", "REGRESSION") or status.startswith("METHOD"):
             failures.append(name)
         rows.append((name, base_ms, cur_ms, change, status))
     return rows, failures
@@ -99,7 +108,8 @@ def main(argv=None) -> int:
               f"{_fmt(change, '+8.1%')}  {status}")
     if failures:
         print(f"\n{len(failures)} gated benchmark(s) regressed by more than "
-              f"{100 * args.threshold:.0f}% or are missing", file=sys.stderr)
+              f"{100 * args.threshold:.0f}%, are missing, or were timed by another method than "
+              f"the baseline's (METHOD: re-measure the baseline)", file=sys.stderr)
         return 1
     print(f"\nno gated benchmark regressed by more than {100 * args.threshold:.0f}% "
           f"({len(common)} compared)")

@@ -5,8 +5,9 @@
 One line per anchor row and dtype: cuTile's ssd_forward median (as called by default, and with
 check_values=False: no host read of A and D), mamba_ssm's and the torch baseline's from the same
 run, the speedups over mamba_ssm, the target and whether it is met (by either call), % of the
-roofline floor, starved rounds (non-zero: the median includes host time), and the per-kernel
-medians (their share of ssd_forward in parentheses).
+roofline floor, how the default call was timed ("latency": from an idle GPU, host time
+included; "gpu, N starved": GPU time, N rounds of which waited for the host; benchmarks/timing.py),
+and the per-kernel medians (their share of ssd_forward in parentheses).
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ def _ms(b) -> str:
     return "-" if b is None else f"{b['stats']['median'] * 1e3:.3f}"
 
 
+def _timing(info: dict) -> str:
+    if "timing" not in info and "starved_rounds" not in info:
+        return "-"
+    if info.get("timing", "gpu") == "latency":
+        return "latency"
+    return f"gpu, {info.get('starved_rounds', '?')} starved"
+
+
 def table(benchmarks: list[dict]) -> str:
     found = {}
     for b in benchmarks:
@@ -34,7 +43,7 @@ def table(benchmarks: list[dict]) -> str:
         raise ValueError("no anchor benchmark in the JSON")
     lines = ["| row | config | dtype | cuTile ms | cuTile ms, no value read | mamba_ssm ms "
              "| torch ms | speedup | speedup, no value read | target ms | met | % of floor "
-             "| starved | chunk_cumsum | fwd_pass_state | compute_out |",
+             "| timing | chunk_cumsum | fwd_pass_state | compute_out |",
              "|" + "---|" * 16]
     for name, config in ANCHORS.items():
         for dtype in sorted({k[1] for k in found if k[0] == name}):
@@ -59,7 +68,7 @@ def table(benchmarks: list[dict]) -> str:
                 f"| {name} | {', '.join(map(str, config))} | {dtype} | {_ms(ours)} "
                 f"| {_ms(nocheck)} | {_ms(mamba)} | {_ms(torch)} | {speedup} | {speedup_nocheck} "
                 f"| {info.get('target_ms', '-')} | {met} | {pct} "
-                f"| {info.get('starved_rounds', '-')} | " + " | ".join(kernels) + " |")
+                f"| {_timing(info)} | " + " | ".join(kernels) + " |")
     return "\n".join(lines)
 
 

@@ -33,7 +33,7 @@ import reference as R
 from benchmarks import compare, perf_model, plot, report
 from benchmarks.configs import (ANCHORS, SPEC_MAMBA_MS, SWEEP_SEQLENS, TARGET_FP32_MS, dims_of,
                                 row_inputs, sweep_config)
-from benchmarks.timing import GpuClock, cupy_flush, measure
+from benchmarks.timing import GpuClock, cupy_flush, cupy_idle, measure
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -271,13 +271,20 @@ def flush():
     return cupy_flush()
 
 
+@pytest.fixture(scope="module")
+def idle():
+    return cupy_idle()
+
+
 @pytest.mark.benchmark(timer=CLOCK)
 @pytest.mark.parametrize("case", list(_cases()))
-def test_speed(benchmark, flush, case):
+def test_speed(benchmark, flush, idle, case):
     """Median GPU time of one implementation of one op on one row, with its rates and speedups.
 
     The correctness check runs first; a failed check still lets the timing be recorded (the
-    side-by-side stays complete) and then fails the test with the check's message.
+    side-by-side stays complete) and then fails the test with the check's message. The default
+    forward ("cutile"), which synchronises in its value read, is timed as a latency from an idle
+    GPU (benchmarks/timing.py); everything else as GPU time behind a prefill.
     """
     series, name, config, anchor, dtype, op, impl = case
     row = _row(config, dtype)
@@ -285,7 +292,9 @@ def test_speed(benchmark, flush, case):
                    else _comparator(row, impl))
     fn()  # compilation / autotuning, untimed
     benchmark.group = f"{series} {name} {config} {dtype}"
-    measure(benchmark, fn, CLOCK, flush, rounds=ROUNDS, budget_s=TIME_BUDGET_S)
+    synchronises = op == "ssd_forward" and impl == "cutile"
+    measure(benchmark, fn, CLOCK, flush, rounds=ROUNDS, budget_s=TIME_BUDGET_S,
+            idle=idle if synchronises else None)
 
     median = benchmark.stats["median"]
     _MEDIANS[(op, name, dtype, impl)] = median
@@ -450,16 +459,18 @@ class Gpu:
         return Event()
 
 
-FED, STARVED = Gpu(False), Gpu(True)
+FED, STARVED, SYNCING = Gpu(False), Gpu(True), Gpu(True)
 # warm-up rounds 1 and 2 starve, 3 does not; the first timed round starves, the others not
 LATE = Gpu([True, True, False, True, False, False, False, False])
 FED_CLOCK = GpuClock(FED.event, lambda a, b: b.t - a.t)
 STARVED_CLOCK = GpuClock(STARVED.event, lambda a, b: b.t - a.t)
 LATE_CLOCK = GpuClock(LATE.event, lambda a, b: b.t - a.t)
+SYNCING_CLOCK = GpuClock(SYNCING.event, lambda a, b: b.t - a.t)
 
 
-def run(benchmark, gpu, clock, durations_ms, rounds):
+def run(benchmark, gpu, clock, durations_ms, rounds, synchronises=False):
     pending = list(durations_ms)
+    idles = []
 
     def work():
         gpu.now += pending.pop(0)
@@ -467,8 +478,11 @@ def run(benchmark, gpu, clock, durations_ms, rounds):
     def flush():
         gpu.flushes += 1
 
-    measure(benchmark, work, clock, flush, rounds=rounds)
-    benchmark.extra_info["flushes"] = gpu.flushes
+    def idle():  # the flushes enqueued so far are done when the GPU is idle
+        idles.append(gpu.flushes)
+
+    measure(benchmark, work, clock, flush, rounds=rounds, idle=idle if synchronises else None)
+    benchmark.extra_info.update(flushes=gpu.flushes, idles=idles)
 
 
 @pytest.mark.benchmark(timer=FED_CLOCK)
@@ -484,13 +498,20 @@ def test_starved(benchmark):
 @pytest.mark.benchmark(timer=LATE_CLOCK)
 def test_starved_late(benchmark):
     run(benchmark, LATE, LATE_CLOCK, [1.0] * 8, rounds=5)
+
+
+@pytest.mark.benchmark(timer=SYNCING_CLOCK)
+def test_latency(benchmark):
+    run(benchmark, SYNCING, SYNCING_CLOCK, [7.0, 7.0, 7.0, 2.0, 1.0, 5.0, 3.0, 4.0], rounds=5,
+        synchronises=True)
 '''
 
 
 def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
     """Through pytest-benchmark itself, with a fake GPU timeline: the recorded rounds are the
     event-to-event times (not host times), warm-up excluded; every starved round, warm-up or
-    timed, doubles the prefill of the rounds after it."""
+    timed, doubles the prefill of the rounds after it; a synchronising call is timed from an
+    idle GPU, one flush and one wait for the GPU before each round, and never counts as starved."""
     (tmp_path / "test_fake_clock.py").write_text(FAKE_CLOCK_TESTS)
     out = tmp_path / "bench.json"
     proc = subprocess.run(
@@ -501,6 +522,7 @@ def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = {b["name"]: b for b in json.loads(out.read_text())["benchmarks"]}
     fed, starved, late = runs["test_fed"], runs["test_starved"], runs["test_starved_late"]
+    assert {b["extra_info"]["timing"] for b in (fed, starved, late)} == {"gpu"}
     assert fed["stats"]["rounds"] == 5
     assert fed["stats"]["median"] == pytest.approx(3.0e-3)
     assert fed["stats"]["min"] == pytest.approx(1.0e-3)
@@ -516,13 +538,25 @@ def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
     assert late["extra_info"]["starved_rounds"] == 1
     assert late["extra_info"]["prefill_memsets"] == 8
     assert late["extra_info"]["flushes"] == 1 + 2 + 4 + 4 + 4 * 8
+    latency = runs["test_latency"]["extra_info"]
+    assert latency["timing"] == "latency"
+    assert "starved_rounds" not in latency and "prefill_memsets" not in latency
+    assert latency["flushes"] == 3 + 5
+    assert latency["idles"] == list(range(1, 3 + 5 + 1))  # each round waits after its flush
+    assert runs["test_latency"]["stats"]["median"] == pytest.approx(3.0e-3)
 
 
-def _bench_json(path, medians_ms: dict, impl="cutile"):
+def _bench_json(path, medians_ms: dict, impl="cutile", timing: dict | None = None):
+    """A benchmark JSON of `medians_ms` (name -> ms); `timing` (name -> "gpu" / "latency") sets
+    extra_info's timing method, absent (as in files of before the key) where not given."""
+    def info(name):
+        i = {"impl": impl if not name.endswith("mamba_ssm") else "mamba_ssm"}
+        if timing and name in timing:
+            i["timing"] = timing[name]
+        return i
     path.write_text(json.dumps({"benchmarks": [
         {"fullname": f"tests/test_benchmarks.py::test_speed[{name}]", "name": name,
-         "extra_info": {"impl": impl if not name.endswith("mamba_ssm") else "mamba_ssm"},
-         "stats": {"median": ms * 1e-3}}
+         "extra_info": info(name), "stats": {"median": ms * 1e-3}}
         for name, ms in medians_ms.items()]}))
     return str(path)
 
@@ -546,6 +580,24 @@ def test_compare_gate(tmp_path, capsys, current, status):
     assert compare.main([base, cur, "--threshold", "0.10"]) == status
     out = capsys.readouterr()
     assert ("REGRESSION" in out.out or "MISSING" in out.out) == (status == 1)
+
+
+@pytest.mark.parametrize("base_timing, cur_timing, status", [
+    (None, "latency", 1),  # a baseline from before the latency timing: re-measure it
+    ("latency", "gpu", 1),
+    ("latency", "latency", 0),
+    (None, "gpu", 0),  # files without the key were all GPU time
+], ids=["unrecorded_to_latency_fails", "latency_to_gpu_fails", "same_latency_passes",
+        "unrecorded_is_gpu_passes"])
+def test_compare_fails_when_the_timing_method_changed(tmp_path, capsys, base_timing, cur_timing,
+                                                      status):
+    """Same medians: only the timing method of the default forward's row differs."""
+    name = "ssd_forward-row1-cutile"
+    base = _bench_json(tmp_path / "base.json", BASE,
+                       timing=None if base_timing is None else {name: base_timing})
+    cur = _bench_json(tmp_path / "cur.json", BASE, timing={name: cur_timing})
+    assert compare.main([base, cur, "--threshold", "0.10"]) == status
+    assert ("METHOD" in capsys.readouterr().out) == (status == 1)
 
 
 def test_compare_threshold_is_respected(tmp_path):
@@ -600,7 +652,7 @@ def test_report_table_of_the_anchor_rows(tmp_path, capsys):
                                "op": op, "impl": impl, **info}, "stats": {"median": ms * 1e-3}}
     rows = [bench("ssd_forward", "mamba_ssm", 1.2), bench("ssd_forward", "torch", 17.0),
             bench("ssd_forward", "cutile", 0.4, target_ms=0.36, meets_target=False,
-                  pct_of_floor=45.4, starved_rounds=0),
+                  pct_of_floor=45.4, timing="latency"),
             bench("ssd_forward", "cutile_nocheck", 0.3, target_ms=0.36, meets_target=True),
             bench("chunk_cumsum", "cutile", 0.01, share_of_ssd_forward_pct=2.5),
             bench("fwd_pass_state", "cutile", 0.15, share_of_ssd_forward_pct=37.5),
@@ -612,7 +664,7 @@ def test_report_table_of_the_anchor_rows(tmp_path, capsys):
     assert len(lines) == 3  # header, rule, the one row present
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells == ["mamba2_2p7b", "4, 4096, 80, 64, 128, 1, 256", "float32", "0.400", "0.300",
-                     "1.200", "17.000", "3.00x", "4.00x", "0.36", "no / yes", "45", "0",
+                     "1.200", "17.000", "3.00x", "4.00x", "0.36", "no / yes", "45", "latency",
                      "0.010 (2 %)", "0.150 (38 %)", "0.250 (62 %)"]
 
 
