@@ -582,22 +582,23 @@ def test_compare_gate(tmp_path, capsys, current, status):
     assert ("REGRESSION" in out.out or "MISSING" in out.out) == (status == 1)
 
 
-@pytest.mark.parametrize("base_timing, cur_timing, status", [
-    (None, "latency", 1),  # a baseline from before the latency timing: re-measure it
-    ("latency", "gpu", 1),
-    ("latency", "latency", 0),
-    (None, "gpu", 0),  # files without the key were all GPU time
-], ids=["unrecorded_to_latency_fails", "latency_to_gpu_fails", "same_latency_passes",
-        "unrecorded_is_gpu_passes"])
-def test_compare_fails_when_the_timing_method_changed(tmp_path, capsys, base_timing, cur_timing,
-                                                      status):
-    """Same medians: only the timing method of the default forward's row differs."""
+@pytest.mark.parametrize("base_timing, cur_timing, status, shown", [
+    (None, "latency", 1, "METHOD gpu -> latency"),  # a baseline from before: re-measure it
+    ("latency", "gpu", 1, "METHOD latency -> gpu"),
+    ("latency", "latency", 0, "not gated (latency)"),  # host time: listed, never gated
+    (None, "gpu", 1, "REGRESSION"),  # files without the key were all GPU time: gated
+], ids=["unrecorded_to_latency_fails", "latency_to_gpu_fails", "latency_not_gated",
+        "unrecorded_is_gpu_and_gated"])
+def test_compare_by_timing_method(tmp_path, capsys, base_timing, cur_timing, status, shown):
+    """The default forward's row 50 % slower; only the timing methods recorded differ."""
     name = "ssd_forward-row1-cutile"
     base = _bench_json(tmp_path / "base.json", BASE,
                        timing=None if base_timing is None else {name: base_timing})
-    cur = _bench_json(tmp_path / "cur.json", BASE, timing={name: cur_timing})
+    cur = _bench_json(tmp_path / "cur.json", {**BASE, name: 1.5 * BASE[name]},
+                      timing={name: cur_timing})
     assert compare.main([base, cur, "--threshold", "0.10"]) == status
-    assert ("METHOD" in capsys.readouterr().out) == (status == 1)
+    line = [ln for ln in capsys.readouterr().out.splitlines() if name in ln]
+    assert len(line) == 1 and line[0].endswith(shown)
 
 
 def test_compare_threshold_is_respected(tmp_path):
