@@ -148,19 +148,70 @@ class Backend:
         small-grid ones run on the GPU, and tests and properties force both (sm_count_as)."""
         return _sm_count(self.kind, self.device) if _SM_COUNT is None else _SM_COUNT
 
-    def launch(self, kernel, grid: tuple[int, int, int], args: tuple):
-        """Run `kernel` over `grid`: on the interpreter for NumPy, else on the current stream."""
+    def launch(self, kernel, grid: tuple[int, int, int], args: tuple, stream=None):
+        """Run `kernel` over `grid`: on the interpreter for NumPy, else on `stream` (default: the
+        current stream)."""
         if self.kind == "numpy":
             from kernels import interpreter
             interpreter.launch(grid, kernel, args)
         elif self.kind == "cupy":
             import cupy
             with cupy.cuda.Device(self.device):
-                ct.launch(cupy.cuda.get_current_stream(), grid, kernel, args)
+                ct.launch(stream or cupy.cuda.get_current_stream(), grid, kernel, args)
         else:
             import torch
             with torch.cuda.device(self.device):
-                ct.launch(torch.cuda.current_stream(), grid, kernel, args)
+                ct.launch(stream or torch.cuda.current_stream(), grid, kernel, args)
+
+    def launch_parts(self, parts: list[list[tuple]]):
+        """Run independent lists of launches [(kernel, grid, args)], each in its order: the first
+        on the current stream, each other on a side stream of the device that starts after the
+        work already queued on the current stream and that the current stream then waits for,
+        so that to the caller the whole runs on its stream (CUDA graph capture included). The
+        lists' kernels may overlap on the GPU. The interpreter runs the lists one after another.
+        """
+        if self.kind == "numpy" or len(parts) == 1:
+            for launches in parts:
+                for kernel, grid, args in launches:
+                    self.launch(kernel, grid, args)
+            return
+        if self.kind == "cupy":
+            import cupy
+            device, current, event = cupy.cuda.Device(self.device), cupy.cuda.get_current_stream, (
+                lambda: cupy.cuda.Event(disable_timing=True))
+        else:
+            import torch
+            device, current, event = torch.cuda.device(self.device), torch.cuda.current_stream, (
+                lambda: torch.cuda.Event())
+        with device:
+            main = current()
+            fork = event()
+            fork.record(main)
+            joins = []
+            for k, launches in enumerate(parts[1:]):
+                side = _side_stream(self.kind, self.device, k)
+                side.wait_event(fork)
+                for kernel, grid, args in launches:
+                    self.launch(kernel, grid, args, side)
+                done = event()
+                done.record(side)
+                joins.append(done)
+            for kernel, grid, args in parts[0]:
+                self.launch(kernel, grid, args, main)
+            for done in joins:
+                main.wait_event(done)
+
+
+@functools.lru_cache
+def _side_stream(kind: str, device: int, k: int):
+    """The device's k-th side stream for launch_parts, created once: a non-blocking stream, so
+    only the events order it with the caller's stream (the legacy default stream too)."""
+    if kind == "cupy":
+        import cupy
+        with cupy.cuda.Device(device):
+            return cupy.cuda.Stream(non_blocking=True)
+    import torch
+    return torch.cuda.Stream(device=device)
 
 
 @functools.lru_cache

@@ -4,12 +4,61 @@ mamba_ssm's mamba_chunk_scan_combined, same argument order)."""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values
 from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches
+
+# On the GPU an even batch runs as BATCH_PARTS slices of the batch, each its three kernels in
+# order, the slices on concurrent streams (Backend.launch_parts): one slice's compute_out fills
+# the SMs that the other's fwd_pass_state leaves idle (its in-order grid runs a ragged last
+# wave), and the other way round. Each slice chooses tiles and modes as the whole batch would on
+# the whole device, and its results are bit-identical to the whole batch's. H200, ssd_forward
+# without the value read, whole -> two slices (benchmarks/NOTES.md, run 28): Mamba-2 2.7B row
+# 1.082 -> 1.032 ms (bf16 0.935 -> 0.850), chunk 64 1.058 -> 0.943, 130m 0.346 -> 0.343, batch 2
+# at 4096 tokens 0.567 -> 0.564, 8 groups 0.528 -> 0.528; four slices no better (1.043 on 2.7B,
+# host-bound: 0.368 on 130m).
+BATCH_PARTS = 2
+_BATCH_PARTS: int | None = None  # batch_parts_as's override
+
+
+@contextmanager
+def batch_parts_as(parts: int):
+    """Within the block, ssd_forward runs the batch as `parts` slices (at most one per batch
+    element) whatever the backend and the batch: tests run the split on the interpreter and
+    compare it with the whole (parts=1) on the GPU."""
+    global _BATCH_PARTS
+    if not (isinstance(parts, int) and parts >= 1):
+        raise ValueError(f"parts: must be a positive int, got {parts!r}")
+    previous, _BATCH_PARTS = _BATCH_PARTS, parts
+    try:
+        yield
+    finally:
+        _BATCH_PARTS = previous
+
+
+def batch_parts(dims, kind: str, itemsize: int) -> int:
+    """How many batch slices ssd_forward runs concurrently (see BATCH_PARTS): on the GPU, an
+    even batch whose slices start 16-byte aligned in every batch-first array (ct.launch
+    specializes kernels on the alignment: a misaligned slice would lose TMA loads); `itemsize`:
+    the activations' (x, B, C, z, y)."""
+    if _BATCH_PARTS is not None:
+        return min(_BATCH_PARTS, dims.batch)
+    if kind == "numpy" or dims.batch % BATCH_PARTS:
+        return 1
+    for name in _BATCH_FIRST:
+        per_element = math.prod(dims.shape(name)[1:]) * (itemsize if name in _NARROW else 4)
+        if per_element % 16:
+            return 1
+    return BATCH_PARTS
+
+
+_BATCH_FIRST = ("x", "dt", "B", "C", "z", "y", "seq_idx", "initial_states", "dt_out",
+                "dA_cumsum", "chunk_states", "final_states")
+_NARROW = ("x", "B", "C", "z", "y")
 
 
 def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -22,7 +71,9 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     final_states is float32.
 
     Every argument is checked before the first launch; then the three kernels run in order
-    (forward_launches). Checking the values of A, D and dt_bias (A < 0, all finite) copies them
+    (forward_launches), on the GPU for each of two batch slices where the batch is even, the
+    second slice on a side stream forked from and joined into the current one (BATCH_PARTS;
+    results bit-identical to the whole batch's). Checking the values of A, D and dt_bias (A < 0, all finite) copies them
     to the host: a synchronisation per call, which waits for the work already queued on the GPU.
     It comes last, after the shape checks, the allocations and the launch arguments, so that the
     GPU idles only for the host's launch of the first kernel after it. `check_values=False`
@@ -48,14 +99,33 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     chunk_states = backend.empty(dims.shape("chunk_states"))
     final_states = backend.empty(dims.shape("final_states"))
     y = backend.empty(dims.shape("y"), like=x)
-    launches = forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
-                                dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y,
-                                backend.sm_count)
+    plan = forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
+                        dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y,
+                        backend.sm_count, batch_parts(dims, backend.kind, x.dtype.itemsize))
     if check_values:
         check_vector_values(A, D=D, dt_bias=dt_bias)
-    for kernel, grid, args in launches:
-        backend.launch(kernel, grid, args)
+    backend.launch_parts(plan)
     return (y, final_states) if return_final_states else y
+
+
+def forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
+                 dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, parts):
+    """The launches of one forward as `parts` slices of the batch: [forward_launches of each].
+
+    Every array but A, D and dt_bias is batch-first and C-contiguous, so a slice of its batch is
+    a contiguous view. A slice of batch b_k of the whole batch b sizes its grids for
+    sm_count * b_k / b SMs, so that it takes the choices the whole would take on the device.
+    """
+    batch = int(x.shape[0])
+    bounds = [batch * k // parts for k in range(parts + 1)]
+    plan = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        part = lambda a: None if a is None else a[lo:hi]  # noqa: E731
+        plan.append(forward_launches(
+            part(x), part(dt), A, part(B), part(C), D, part(z), dt_bias, part(initial_states),
+            part(seg), dt_softplus, dt_limit, part(dt_out), part(dA_cumsum), part(chunk_states),
+            part(final_states), part(y), max(1, sm_count * (hi - lo) // batch)))
+    return plan
 
 
 def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,

@@ -191,9 +191,9 @@ def recorded_launches():
     launches = []
     original = Backend.launch
 
-    def launch(self, kernel, grid, args):
+    def launch(self, kernel, grid, args, *stream):
         launches.append((kernel._pyfunc.__name__, kernel, args))
-        return original(self, kernel, grid, args)
+        return original(self, kernel, grid, args, *stream)
 
     Backend.launch = launch
     try:

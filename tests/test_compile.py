@@ -1,8 +1,8 @@
 """Compile gate (marker compile, CPU): every kernel, in the specializations ssd_forward uses for a
 representative set of shapes, compiles to cubin for sm_80, sm_90, sm_100 and sm_120.
 
-The specializations come from ssd_forward's own launch code (`forward_launches`, the one place the
-tile sizes are chosen), run on stand-in arrays that only carry a shape and a dtype; the signature
+The specializations come from ssd_forward's own launch code (`forward_plan`: its batch slices,
+each `forward_launches`, the one place the tile sizes are chosen), run on stand-in arrays that only carry a shape and a dtype; the signature
 of each launch is what ct.launch would compile for it (`array_constraint`): arrays by dtype and
 rank with ct.launch's assumptions on unit dimensions, strides and alignment, the index width of
 the kernel object (int64 where its function asks for ct.IndexedWithInt64), the launcher's
@@ -24,16 +24,23 @@ from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSig
 
 from contract import Dims
 from kernels.arrays import index_dtype
-from kernels.ssd_forward import forward_launches
+from kernels.ssd_forward import batch_parts, batch_parts_as, forward_plan
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
 
 
+ITEMSIZE = {"float32": 4, "int32": 4, "bfloat16": 2, "float16": 2}
+
+
 class ArraySpec:
-    """A stand-in array for the launchers: a shape and a dtype name, no data."""
+    """A stand-in array for the launchers: a shape and a dtype name, no data; a slice of its
+    first dimension (a batch slice) is a stand-in of that length."""
 
     def __init__(self, shape, dtype="float32"):
         self.shape, self.dtype, self.ndim = tuple(shape), dtype, len(shape)
+
+    def __getitem__(self, index: slice) -> "ArraySpec":
+        return ArraySpec((len(range(self.shape[0])[index]), *self.shape[1:]), self.dtype)
 
 
 # (id, dims, options): the Mamba-2 2.7B layout at chunk 256 and 64, every option at chunk 128 with
@@ -87,17 +94,19 @@ SM_COUNTS = (1, 2**31)
 
 def config_launches(dims: Dims, opts: dict, sm_count: int):
     """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins, on a
-    device of `sm_count` SMs."""
-    a = lambda name: ArraySpec(dims.shape(name),
-                               opts.get("dtype", "float32") if name in NARROW else "float32")
-    return forward_launches(
+    GPU of `sm_count` SMs (its batch slices' launches one after another)."""
+    dtype = opts.get("dtype", "float32")
+    a = lambda name: ArraySpec(dims.shape(name), dtype if name in NARROW else "float32")
+    plan = forward_plan(
         a("x"), a("dt"), a("A"), a("B"), a("C"),
         {"head": ArraySpec((dims.nheads,)), "channel": a("D")}.get(opts.get("D")),
         a("z") if opts.get("z") else None, a("dt_bias") if opts.get("dt_bias") else None,
         a("initial_states") if opts.get("initial_states") else None,
         ArraySpec(dims.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
         opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
-        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"), sm_count)
+        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"), sm_count,
+        batch_parts(dims, "cupy", ITEMSIZE[dtype]))
+    return [launch for launches in plan for launch in launches]
 
 
 def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:
@@ -108,7 +117,7 @@ def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:
     strides = [1] * a.ndim
     for i in range(a.ndim - 2, -1, -1):
         strides[i] = strides[i + 1] * a.shape[i + 1]
-    per_16_bytes = 16 // {"float32": 4, "int32": 4, "bfloat16": 2, "float16": 2}[a.dtype]
+    per_16_bytes = 16 // ITEMSIZE[a.dtype]
     return ArrayConstraint(
         getattr(ct, a.dtype), a.ndim, index_dtype=index_dtype,
         stride_lower_bound_incl=tuple(None if s == 1 else 0 for s in strides),
@@ -219,7 +228,9 @@ def test_kernel_objects_index_as_their_names_say():
 ])
 @pytest.mark.parametrize("sm_count", SM_COUNTS)
 def test_launchers_choose_int64_objects_when_an_array_reaches_2_pow_31(dims, sm_count):
-    for kernel, _, _ in config_launches(dims, {}, sm_count):
+    with batch_parts_as(1):  # whole arrays: a batch slice may stay below 2^31 elements
+        launches = config_launches(dims, {}, sm_count)
+    for kernel, _, _ in launches:
         assert KERNEL_NAMES[id(kernel)].endswith(("_int64", "_int64_two_per_sm")), (
             KERNEL_NAMES[id(kernel)])
 

@@ -7,6 +7,7 @@ import reference as R
 from kernels import fwd_pass_state
 from kernels.arrays import sm_count_as
 from kernels.fwd_pass_state import MODE_SM_COUNTS, modes
+from kernels.ssd_forward import batch_parts_as
 from properties.bounds import KAPPA
 from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
                     recorded_launches, step_options)
@@ -63,7 +64,9 @@ def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k, b
     inputs = dict(x=kw["x"], B=kw["B"], dt_out=dt_out, dA_cumsum=dA_cumsum,
                   initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
     programs = case.batch * case.nheads  # headdim and dstate fit one program's slice
-    with sm_count_as(programs + programs_vs_sms), recorded_launches() as launches:
+    # the batch whole: its slices choose alike (test_ssd_forward.py) but launch twice
+    with sm_count_as(programs + programs_vs_sms), recorded_launches() as launches, \
+            batch_parts_as(1):
         states, final = fwd_pass_state(**on_backend(backend, inputs))
         ssd_forward(**on_backend(backend, kw), return_final_states=True)
     kernels = MODE_KERNELS["parallel_chunks" if parallel else "in_order"]

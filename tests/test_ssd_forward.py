@@ -1,11 +1,16 @@
 """ssd_forward against the float64 reference on the table of shapes, on both backends; array
-types, streams, non-contiguous inputs; a sequence of 2^20 tokens on the GPU."""
+types, streams, non-contiguous inputs, batch slices on concurrent streams; a sequence of 2^20
+tokens on the GPU."""
+
+import math
 
 import numpy as np
 import pytest
 
 import reference as R
+from contract import Dims
 from kernels import ssd_forward
+from kernels.ssd_forward import batch_parts, batch_parts_as, forward_plan
 from properties.bounds import kappa
 from properties.checks import forward_bounds
 from properties.strategies import Problem
@@ -102,6 +107,86 @@ def test_torch_cuda_tensors_in_torch_tensors_out_on_the_current_stream():
     assert isinstance(y, torch.Tensor) and y.is_cuda and y.dtype == torch.float32
     assert np.array_equal(y.cpu().numpy(), want_y)
     assert np.array_equal(f.cpu().numpy(), want_f)
+
+
+# batch slices (kernels.ssd_forward.BATCH_PARTS): every option, batch 3 so that a split is uneven
+SLICED = Case("sliced_all_options", 3, 70, 4, 8, 2, 8, 32, D="channel", z=True, dt="softplus",
+              initial_states=True, seq_idx="arbitrary")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("parts", [2, 3], ids=["uneven_halves", "one_element_each"])
+def test_batch_slices_give_the_whole_batch_result_bit_for_bit(backend, parts):
+    """Each batch element's programs are the same whether its slice or the whole batch is
+    launched (on the GPU the slices on concurrent streams): the results are identical."""
+    kw = on_backend(backend, make_inputs(SLICED))
+    with batch_parts_as(1):
+        want_y, want_f = (to_numpy(a) for a in ssd_forward(**kw, return_final_states=True))
+    with batch_parts_as(parts):
+        y, f = (to_numpy(a) for a in ssd_forward(**kw, return_final_states=True))
+    assert np.array_equal(y, want_y) and np.array_equal(f, want_f)
+    assert not np.isnan(y).any()
+
+
+@pytest.mark.gpu
+def test_batch_slices_on_a_nondefault_stream_and_in_torch():
+    """The slices fork from and join into the caller's stream: a result read on that stream
+    after a synchronisation of it alone is complete (cupy on a non-blocking stream, torch on
+    its current stream)."""
+    import cupy
+    kw = make_inputs(SLICED)
+    with batch_parts_as(1):
+        want = to_numpy(ssd_forward(**on_backend("gpu", kw)))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream, batch_parts_as(2):
+        y = ssd_forward(**on_backend("gpu", kw))
+    stream.synchronize()
+    assert np.array_equal(y.get(), want)
+    torch = pytest.importorskip("torch")
+    tkw = {k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v
+           for k, v in kw.items()}
+    tstream = torch.cuda.Stream()
+    with torch.cuda.stream(tstream), batch_parts_as(2):
+        ty = ssd_forward(**tkw)
+    tstream.synchronize()
+    assert np.array_equal(ty.cpu().numpy(), want)
+
+
+@pytest.mark.parametrize("dims, itemsize, kind, parts", [
+    (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "cupy", 2),
+    (Dims(4, 4096, 80, 64, 1, 128, 256), 2, "torch", 2),
+    (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "numpy", 1),  # the interpreter: nothing to overlap
+    (Dims(3, 4096, 80, 64, 1, 128, 256), 4, "cupy", 1),  # odd batch
+    (Dims(1, 4096, 80, 64, 1, 128, 256), 4, "cupy", 1),
+    (Dims(2, 1001, 2, 64, 1, 128, 256), 4, "cupy", 1),  # dt's slab 1001 * 2 * 4 bytes
+    (Dims(2, 1002, 2, 7, 1, 16, 64), 2, "cupy", 1),  # x: 1002 * 2 * 7 * 2 bytes; dt aligned
+], ids=["mamba2_2p7b", "mamba2_2p7b_bf16", "interpreter", "odd_batch", "batch_1",
+        "dt_slice_misaligned", "narrow_x_slice_misaligned"])
+def test_batch_parts_rule(dims, itemsize, kind, parts):
+    assert batch_parts(dims, kind, itemsize) == parts
+
+
+def test_batch_slices_choose_as_the_whole_batch():
+    """Each slice sizes its grids for its share of the SMs: the Mamba-2 130m row (batch 8, 24
+    heads) on 132 SMs keeps fwd_pass_state in order (192 programs), where a slice of 4 on the
+    whole device would go to chunks in parallel (96 < 132), and the same compute_out layout."""
+    from tests.test_compile import ArraySpec
+    dims = Dims(8, 2048, 24, 64, 1, 128, 256)
+    a = lambda name: ArraySpec(dims.shape(name))  # noqa: E731
+    arrays = [a("x"), a("dt"), a("A"), a("B"), a("C"), None, None, None, None, None, False,
+              (0.0, math.inf), a("dt_out"), a("dA_cumsum"), a("chunk_states"),
+              a("final_states"), a("y"), 132]
+    (whole,) = forward_plan(*arrays, 1)
+    halves = forward_plan(*arrays, 2)
+    kernel_names = lambda launches: [k._pyfunc.__name__ for k, _, _ in launches]  # noqa: E731
+    constants = lambda launches: [[v for v in args if isinstance(v, (bool, int))]  # noqa: E731
+                                  for _, _, args in launches]
+    assert len(halves) == 2 and len(whole) == 3  # cumsum, the state in order, compute_out
+    for half in halves:
+        assert kernel_names(half) == kernel_names(whole)
+        assert constants(half) == constants(whole)
+        assert [g[:2] for _, g, _ in half] == [g[:2] for _, g, _ in whole]
+        assert [g[2] for _, g, _ in half] == [g[2] // 2 for _, g, _ in whole]
 
 
 # 2^20 tokens, x and y of 2^32 elements each (16 GiB): offsets past 2^31 elements (mamba_ssm
