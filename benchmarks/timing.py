@@ -13,8 +13,9 @@ How a round is timed (`measure`):
    with no gap waiting for the host. If E1 has completed, the GPU may have idled waiting for a
    launch (the host's Python is slower than the prefill, or the work synchronises with the host):
    that round is counted as `starved`. Each starved round, warm-up or timed, doubles the prefill
-   of the rounds after it (1, 2, 4, then MAX_PREFILL memsets: on the H200 the warm-up once left
-   it at 4 while all 30 timed rounds starved); `extra_info['starved_rounds']` counts the timed
+   of the rounds after it (1, 2, 4, ... up to MAX_PREFILL memsets: on the H200 the warm-up once
+   left it at 4 while all 30 timed rounds starved, and a batch run as two slices on two streams
+   starved 24-30 of 30 rounds at 8); `extra_info['starved_rounds']` counts the timed
    rounds that starved, and a non-zero count means those medians include host time.
 
 A call that synchronises with the host (ssd_forward as called by default reads A and D on the
@@ -36,7 +37,7 @@ import math
 from typing import Any, Callable
 
 FLUSH_BYTES = 256 << 20  # over four times the H200's L2 (60 MB, as PyTorch reports it)
-MAX_PREFILL = 8  # memsets of FLUSH_BYTES before a round: ~0.7 ms of GPU time at most
+MAX_PREFILL = 16  # memsets of FLUSH_BYTES before a round: ~1.4 ms of GPU time at most
 WARMUP_ROUNDS = 3
 MIN_ROUNDS = 5
 

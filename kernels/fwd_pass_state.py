@@ -182,6 +182,12 @@ _state_pass = ct.kernel(int32_indexed(_state_pass_kernel))
 _state_pass_int64 = ct.kernel(_state_pass_kernel)
 
 
+def in_order_programs(batch: int, nheads: int, headdim: int, dstate: int) -> int:
+    """The programs of the in-order grid: (headdim blocks x dstate blocks, nheads, batch)."""
+    return (-(-headdim // pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P))
+            * -(-dstate // pow2_tile(dstate, lo=MMA_MIN, hi=MAX_BLOCK_N)) * nheads * batch)
+
+
 def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
                             final_states, sm_count):
     """[(kernel, grid, kernel args)] of fwd_pass_state, in launch order: the chunks in order, or
@@ -198,7 +204,8 @@ def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_
     block_n = pow2_tile(dstate, lo=MMA_MIN, hi=MAX_BLOCK_N)
     block_k = min(chunk_size, WHOLE_CHUNK_K)
     pn_blocks = -(-headdim // block_p) * -(-dstate // block_n)
-    parallel = chunk_size >= WHOLE_CHUNK_K and pn_blocks * nheads * batch < sm_count
+    parallel = (chunk_size >= WHOLE_CHUNK_K
+                and in_order_programs(batch, nheads, headdim, dstate) < sm_count)
     initial = x if initial_states is None else initial_states  # a placeholder when absent
     seg_arg = dt_out if seg is None else seg
     args = (x, B, dt_out, dA_cumsum, initial, seg_arg, chunk_states, final_states,

@@ -10,18 +10,21 @@ from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, chec
 from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
-from kernels.fwd_pass_state import fwd_pass_state_launches
+from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
 
 # On the GPU an even batch runs as BATCH_PARTS slices of the batch, each its three kernels in
-# order, the slices on concurrent streams (Backend.launch_parts): one slice's compute_out fills
-# the SMs that the other's fwd_pass_state leaves idle (its in-order grid runs a ragged last
-# wave), and the other way round. Each slice chooses tiles and modes as the whole batch would on
-# the whole device, and its results are bit-identical to the whole batch's. H200, ssd_forward
-# without the value read, whole -> two slices (benchmarks/NOTES.md, run 28): Mamba-2 2.7B row
-# 1.082 -> 1.032 ms (bf16 0.935 -> 0.850), chunk 64 1.058 -> 0.943, 130m 0.346 -> 0.343, batch 2
-# at 4096 tokens 0.567 -> 0.564, 8 groups 0.528 -> 0.528; four slices no better (1.043 on 2.7B,
-# host-bound: 0.368 on 130m).
+# order, the second slice on a side stream (Backend.launch_parts), where fwd_pass_state's
+# in-order grid for the whole batch has more than SPLIT_MIN_WAVES programs per SM: its last wave
+# then leaves SMs idle, which the other slice's compute_out takes. Each slice chooses tiles and
+# modes as the whole batch would on the whole device, and its results are bit-identical to the
+# whole batch's. H200, ssd_forward without the value read, whole -> two slices
+# (benchmarks/NOTES.md, run 28): Mamba-2 2.7B row (320 programs on 132 SMs) 1.082 -> 1.032 ms
+# (bf16 0.935 -> 0.850), chunk 64 (320) 1.058 -> 0.943; not where the grid is one wave: 8 groups
+# (256) 0.528 -> 0.528, 130m (192) 0.346 -> 0.343, batch 2 at 4096 tokens (160) 0.567 -> 0.564.
+# Four slices were no better (1.043 on 2.7B). A split call enqueues for longer on the host
+# (run 13: the benchmark's 0.7 ms prefill no longer covered it), so it is kept to where it pays.
 BATCH_PARTS = 2
+SPLIT_MIN_WAVES = 2
 _BATCH_PARTS: int | None = None  # batch_parts_as's override
 
 
@@ -40,14 +43,18 @@ def batch_parts_as(parts: int):
         _BATCH_PARTS = previous
 
 
-def batch_parts(dims, kind: str, itemsize: int) -> int:
-    """How many batch slices ssd_forward runs concurrently (see BATCH_PARTS): on the GPU, an
-    even batch whose slices start 16-byte aligned in every batch-first array (ct.launch
+def batch_parts(dims, kind: str, itemsize: int, sm_count: int) -> int:
+    """How many batch slices ssd_forward runs concurrently (see BATCH_PARTS): on a GPU of
+    `sm_count` SMs, an even batch whose in-order fwd_pass_state grid exceeds SPLIT_MIN_WAVES
+    programs per SM and whose slices start 16-byte aligned in every batch-first array (ct.launch
     specializes kernels on the alignment: a misaligned slice would lose TMA loads); `itemsize`:
     the activations' (x, B, C, z, y)."""
     if _BATCH_PARTS is not None:
         return min(_BATCH_PARTS, dims.batch)
     if kind == "numpy" or dims.batch % BATCH_PARTS:
+        return 1
+    programs = in_order_programs(dims.batch, dims.nheads, dims.headdim, dims.dstate)
+    if programs <= SPLIT_MIN_WAVES * sm_count:
         return 1
     for name in _BATCH_FIRST:
         per_element = math.prod(dims.shape(name)[1:]) * (itemsize if name in _NARROW else 4)
@@ -71,7 +78,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     final_states is float32.
 
     Every argument is checked before the first launch; then the three kernels run in order
-    (forward_launches), on the GPU for each of two batch slices where the batch is even, the
+    (forward_launches); on the GPU, for large even batches, for each of two batch slices, the
     second slice on a side stream forked from and joined into the current one (BATCH_PARTS;
     results bit-identical to the whole batch's). Checking the values of A, D and dt_bias (A < 0, all finite) copies them
     to the host: a synchronisation per call, which waits for the work already queued on the GPU.
@@ -101,7 +108,8 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     y = backend.empty(dims.shape("y"), like=x)
     plan = forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
                         dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y,
-                        backend.sm_count, batch_parts(dims, backend.kind, x.dtype.itemsize))
+                        backend.sm_count,
+                        batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count))
     if check_values:
         check_vector_values(A, D=D, dt_bias=dt_bias)
     backend.launch_parts(plan)

@@ -530,9 +530,10 @@ def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
     assert fed["extra_info"]["prefill_memsets"] == 1 and fed["extra_info"]["starved_rounds"] == 0
     assert fed["extra_info"]["flushes"] == 3 + 5
     assert fed["options"]["timer"] == "gpu_clock"
-    assert starved["extra_info"]["prefill_memsets"] == 8  # doubled after each of 3 warm-up rounds
+    # doubled after each of the 3 warm-up rounds and the first timed one, then at MAX_PREFILL
+    assert starved["extra_info"]["prefill_memsets"] == 16
     assert starved["extra_info"]["starved_rounds"] == 5
-    assert starved["extra_info"]["flushes"] == 1 + 2 + 4 + 5 * 8
+    assert starved["extra_info"]["flushes"] == 1 + 2 + 4 + 8 + 4 * 16
     # warm-up prefill 1, 2, 4 (the third round fed stays at 4), the first timed round starves
     # at 4 and the four after it run behind 8
     assert late["extra_info"]["starved_rounds"] == 1

@@ -105,7 +105,7 @@ def config_launches(dims: Dims, opts: dict, sm_count: int):
         ArraySpec(dims.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
         opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
         a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"), sm_count,
-        batch_parts(dims, "cupy", ITEMSIZE[dtype]))
+        batch_parts(dims, "cupy", ITEMSIZE[dtype], sm_count))
     return [launch for launches in plan for launch in launches]
 
 

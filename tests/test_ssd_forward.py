@@ -153,17 +153,23 @@ def test_batch_slices_on_a_nondefault_stream_and_in_torch():
 
 
 @pytest.mark.parametrize("dims, itemsize, kind, parts", [
-    (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "cupy", 2),
+    (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "cupy", 2),  # 320 state programs on 132 SMs
     (Dims(4, 4096, 80, 64, 1, 128, 256), 2, "torch", 2),
+    (Dims(4, 4096, 80, 64, 1, 128, 64), 4, "cupy", 2),
     (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "numpy", 1),  # the interpreter: nothing to overlap
-    (Dims(3, 4096, 80, 64, 1, 128, 256), 4, "cupy", 1),  # odd batch
-    (Dims(1, 4096, 80, 64, 1, 128, 256), 4, "cupy", 1),
-    (Dims(2, 1001, 2, 64, 1, 128, 256), 4, "cupy", 1),  # dt's slab 1001 * 2 * 4 bytes
-    (Dims(2, 1002, 2, 7, 1, 16, 64), 2, "cupy", 1),  # x: 1002 * 2 * 7 * 2 bytes; dt aligned
-], ids=["mamba2_2p7b", "mamba2_2p7b_bf16", "interpreter", "odd_batch", "batch_1",
-        "dt_slice_misaligned", "narrow_x_slice_misaligned"])
+    (Dims(4, 4096, 64, 64, 8, 64, 128), 4, "cupy", 1),  # 256 programs: one wave of two per SM
+    (Dims(8, 2048, 24, 64, 1, 128, 256), 4, "cupy", 1),  # 192
+    (Dims(2, 4096, 80, 64, 1, 128, 256), 4, "cupy", 1),  # 160
+    (Dims(5, 4096, 80, 64, 1, 128, 256), 4, "cupy", 1),  # odd batch
+    (Dims(4, 1001, 81, 64, 1, 128, 256), 4, "cupy", 1),  # dt's slab 1001 * 81 * 4 bytes
+    (Dims(4, 1001, 84, 7, 1, 128, 256), 2, "cupy", 1),  # x: 1001 * 84 * 7 * 2 bytes; dt aligned
+], ids=["mamba2_2p7b", "mamba2_2p7b_bf16", "chunk_64", "interpreter", "groups_8_one_wave",
+        "mamba2_130m_one_wave", "batch_2_one_wave", "odd_batch", "dt_slice_misaligned",
+        "narrow_x_slice_misaligned"])
 def test_batch_parts_rule(dims, itemsize, kind, parts):
-    assert batch_parts(dims, kind, itemsize) == parts
+    """On the H200's 132 SMs: slices where the in-order state grid runs past two programs per
+    SM (run 28 measured gains there only), the batch even and every slice aligned."""
+    assert batch_parts(dims, kind, itemsize, sm_count=132) == parts
 
 
 def test_batch_slices_choose_as_the_whole_batch():
