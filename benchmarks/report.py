@@ -7,7 +7,7 @@ check_values=False: no host read of A and D), mamba_ssm's and the torch baseline
 run, the speedups over mamba_ssm, the target and whether it is met (by either call), % of the
 roofline floor, how the default call was timed ("latency": from an idle GPU, host time
 included; "gpu, N starved": GPU time, N rounds of which waited for the host; benchmarks/timing.py),
-and the per-kernel medians (their share of ssd_forward in parentheses).
+and the per-kernel medians (their share of ssd_forward without the value read in parentheses).
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ idle, so E1 marks the moment the host starts the call and E1 -> E2 is what the c
 from its first Python line to the last kernel's end (host checks, the read, the launches, the
 GPU work). No prefill; `extra_info['timing']` says which ("gpu" or "latency") a median is.
 
-Every stream involved is the legacy default stream: cupy's and torch's current stream unless a
-caller changes it, so events, prefill, kernels and the comparators share one timeline.
+The events, the prefill and the calls run on the legacy default stream (cupy's and torch's
+current stream unless a caller changes it), so they share one timeline; work a call puts on
+other streams (ssd_forward's second batch slice) forks from and joins into it.
 """
 
 from __future__ import annotations

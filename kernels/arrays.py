@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 import types
 import typing
 from dataclasses import dataclass
@@ -165,7 +166,7 @@ class Backend:
 
     def launch_parts(self, parts: list[list[tuple]]):
         """Run independent lists of launches [(kernel, grid, args)], each in its order: the first
-        on the current stream, each other on a side stream of the device that starts after the
+        on the current stream, each other on a side stream (_side_stream) that starts after the
         work already queued on the current stream and that the current stream then waits for,
         so that to the caller the whole runs on its stream (CUDA graph capture included). The
         lists' kernels may overlap on the GPU. The interpreter runs the lists one after another.
@@ -179,39 +180,58 @@ class Backend:
             import cupy
             device, current, event = cupy.cuda.Device(self.device), cupy.cuda.get_current_stream, (
                 lambda: cupy.cuda.Event(disable_timing=True))
+            handle = lambda stream: stream.ptr  # noqa: E731
         else:
             import torch
             device, current, event = torch.cuda.device(self.device), torch.cuda.current_stream, (
                 lambda: torch.cuda.Event())
+            handle = lambda stream: stream.cuda_stream  # noqa: E731
         with device:
             main = current()
             fork = event()
             fork.record(main)
             joins = []
-            for k, launches in enumerate(parts[1:]):
-                side = _side_stream(self.kind, self.device, k)
-                side.wait_event(fork)
-                for kernel, grid, args in launches:
-                    self.launch(kernel, grid, args, side)
-                done = event()
-                done.record(side)
-                joins.append(done)
-            for kernel, grid, args in parts[0]:
-                self.launch(kernel, grid, args, main)
-            for done in joins:
-                main.wait_event(done)
+            try:
+                for k, launches in enumerate(parts[1:]):
+                    side = _side_stream(self.kind, self.device, handle(main), k)
+                    side.wait_event(fork)
+                    try:
+                        for kernel, grid, args in launches:
+                            self.launch(kernel, grid, args, side)
+                    finally:  # joined even when a launch fails: its buffers are the caller's
+                        done = event()
+                        done.record(side)
+                        joins.append(done)
+                for kernel, grid, args in parts[0]:
+                    self.launch(kernel, grid, args, main)
+            finally:
+                for done in joins:
+                    main.wait_event(done)
 
 
-@functools.lru_cache
-def _side_stream(kind: str, device: int, k: int):
-    """The device's k-th side stream for launch_parts, created once: a non-blocking stream, so
-    only the events order it with the caller's stream (the legacy default stream too)."""
-    if kind == "cupy":
-        import cupy
-        with cupy.cuda.Device(device):
-            return cupy.cuda.Stream(non_blocking=True)
-    import torch
-    return torch.cuda.Stream(device=device)
+_SIDE_STREAMS = threading.local()
+
+
+def _side_stream(kind: str, device: int, caller: int, k: int):
+    """The k-th side stream of launch_parts for the caller's stream `caller` (its handle) in this
+    thread, created once: a non-blocking stream, so only the events order it with the caller's
+    stream (the legacy default stream too). One per thread and caller stream, so that one
+    thread's graph capture never takes in another's launches, nor one caller stream's work wait
+    for another's. (torch hands its streams out of a pool of 32 per device: a torch side stream
+    may be another component's too; that orders work, it does not reorder it.)"""
+    streams = getattr(_SIDE_STREAMS, "by_key", None)
+    if streams is None:
+        streams = _SIDE_STREAMS.by_key = {}
+    key = (kind, device, caller, k)
+    if key not in streams:
+        if kind == "cupy":
+            import cupy
+            with cupy.cuda.Device(device):
+                streams[key] = cupy.cuda.Stream(non_blocking=True)
+        else:
+            import torch
+            streams[key] = torch.cuda.Stream(device=device)
+    return streams[key]
 
 
 @functools.lru_cache

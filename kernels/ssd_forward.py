@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from fractions import Fraction
 
 from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values
 from kernels.arrays import backend_of, check_grid
@@ -15,14 +16,16 @@ from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
 # On the GPU an even batch runs as BATCH_PARTS slices of the batch, each its three kernels in
 # order, the second slice on a side stream (Backend.launch_parts), where fwd_pass_state's
 # in-order grid for the whole batch has more than SPLIT_MIN_WAVES programs per SM: its last wave
-# then leaves SMs idle, which the other slice's compute_out takes. Each slice chooses tiles and
-# modes as the whole batch would on the whole device, and its results are bit-identical to the
-# whole batch's. H200, ssd_forward without the value read, whole -> two slices
-# (benchmarks/NOTES.md, run 28): Mamba-2 2.7B row (320 programs on 132 SMs) 1.082 -> 1.032 ms
-# (bf16 0.935 -> 0.850), chunk 64 (320) 1.058 -> 0.943; not where the grid is one wave: 8 groups
-# (256) 0.528 -> 0.528, 130m (192) 0.346 -> 0.343, batch 2 at 4096 tokens (160) 0.567 -> 0.564.
-# Four slices were no better (1.043 on 2.7B). A split call enqueues for longer on the host
-# (run 13: the benchmark's 0.7 ms prefill no longer covered it), so it is kept to where it pays.
+# then leaves SMs idle, which the other slice's compute_out takes. Each slice sizes its grids
+# for its share of the SMs, so it chooses the tiles and modes the whole batch would (its index
+# width may narrow to int32 where the slice stays below 2^31 elements); results are
+# bit-identical to the whole batch's. H200, ssd_forward without the value read, whole -> two
+# slices (benchmarks/NOTES.md, run 28): Mamba-2 2.7B row (320 programs on 132 SMs) 1.082 ->
+# 1.032 ms (bf16 0.935 -> 0.850), chunk 64 (320) 1.058 -> 0.943; not where the grid is one
+# wave: 8 groups (256) 0.528 -> 0.528, 130m (192) 0.346 -> 0.343, batch 2 at 4096 tokens (160)
+# 0.567 -> 0.564. Four slices were no better (1.043 on 2.7B). A split call enqueues for longer
+# on the host (run 29: the benchmark's 0.7 ms prefill no longer covered it), so it is kept to
+# where it pays.
 BATCH_PARTS = 2
 SPLIT_MIN_WAVES = 2
 _BATCH_PARTS: int | None = None  # batch_parts_as's override
@@ -43,12 +46,13 @@ def batch_parts_as(parts: int):
         _BATCH_PARTS = previous
 
 
-def batch_parts(dims, kind: str, itemsize: int, sm_count: int) -> int:
+def batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=()) -> int:
     """How many batch slices ssd_forward runs concurrently (see BATCH_PARTS): on a GPU of
     `sm_count` SMs, an even batch whose in-order fwd_pass_state grid exceeds SPLIT_MIN_WAVES
-    programs per SM and whose slices start 16-byte aligned in every batch-first array (ct.launch
-    specializes kernels on the alignment: a misaligned slice would lose TMA loads); `itemsize`:
-    the activations' (x, B, C, z, y)."""
+    programs per SM and whose second slice starts 16-byte aligned in every batch-first array
+    the call has (ct.launch specializes kernels on the alignment: a misaligned slice would lose
+    TMA loads). `itemsize`: the activations' (x, B, C, z, y); `given`: the optional batch-first
+    arrays passed (z, initial_states, seq_idx)."""
     if _BATCH_PARTS is not None:
         return min(_BATCH_PARTS, dims.batch)
     if kind == "numpy" or dims.batch % BATCH_PARTS:
@@ -56,15 +60,15 @@ def batch_parts(dims, kind: str, itemsize: int, sm_count: int) -> int:
     programs = in_order_programs(dims.batch, dims.nheads, dims.headdim, dims.dstate)
     if programs <= SPLIT_MIN_WAVES * sm_count:
         return 1
-    for name in _BATCH_FIRST:
+    for name in _BATCH_FIRST + tuple(given):
         per_element = math.prod(dims.shape(name)[1:]) * (itemsize if name in _NARROW else 4)
-        if per_element % 16:
+        if dims.batch // BATCH_PARTS * per_element % 16:
             return 1
     return BATCH_PARTS
 
 
-_BATCH_FIRST = ("x", "dt", "B", "C", "z", "y", "seq_idx", "initial_states", "dt_out",
-                "dA_cumsum", "chunk_states", "final_states")
+# every batch-first array of a call without options; z, initial_states, seq_idx where given
+_BATCH_FIRST = ("x", "dt", "B", "C", "y", "dt_out", "dA_cumsum", "chunk_states", "final_states")
 _NARROW = ("x", "B", "C", "z", "y")
 
 
@@ -80,8 +84,9 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     Every argument is checked before the first launch; then the three kernels run in order
     (forward_launches); on the GPU, for large even batches, for each of two batch slices, the
     second slice on a side stream forked from and joined into the current one (BATCH_PARTS;
-    results bit-identical to the whole batch's). Checking the values of A, D and dt_bias (A < 0, all finite) copies them
-    to the host: a synchronisation per call, which waits for the work already queued on the GPU.
+    results bit-identical to the whole batch's). Checking the values of A, D and dt_bias (A < 0,
+    all finite) copies them to the host: a synchronisation per call, which waits for the work
+    already queued on the GPU.
     It comes last, after the shape checks, the allocations and the launch arguments, so that the
     GPU idles only for the host's launch of the first kernel after it. `check_values=False`
     (keyword only) leaves that check out, for CUDA graph capture and timing loops whose vectors
@@ -109,7 +114,9 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     plan = forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
                         dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y,
                         backend.sm_count,
-                        batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count))
+                        batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
+                                    [n for n, a in (("z", z), ("initial_states", initial_states),
+                                                    ("seq_idx", seq_idx)) if a is not None]))
     if check_values:
         check_vector_values(A, D=D, dt_bias=dt_bias)
     backend.launch_parts(plan)
@@ -122,7 +129,8 @@ def forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus
 
     Every array but A, D and dt_bias is batch-first and C-contiguous, so a slice of its batch is
     a contiguous view. A slice of batch b_k of the whole batch b sizes its grids for
-    sm_count * b_k / b SMs, so that it takes the choices the whole would take on the device.
+    sm_count * b_k / b SMs (a Fraction: the launchers only compare program counts with it), so
+    that it takes the choices the whole would take on the device.
     """
     batch = int(x.shape[0])
     bounds = [batch * k // parts for k in range(parts + 1)]
@@ -132,7 +140,7 @@ def forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus
         plan.append(forward_launches(
             part(x), part(dt), A, part(B), part(C), D, part(z), dt_bias, part(initial_states),
             part(seg), dt_softplus, dt_limit, part(dt_out), part(dA_cumsum), part(chunk_states),
-            part(final_states), part(y), max(1, sm_count * (hi - lo) // batch)))
+            part(final_states), part(y), Fraction(sm_count * (hi - lo), batch)))
     return plan
 
 

@@ -314,8 +314,8 @@ def test_speed(benchmark, flush, idle, case):
             if dtype == "float32":
                 info["target_ms"] = TARGET_FP32_MS[name]
                 info["meets_target"] = median * 1e3 <= TARGET_FP32_MS[name]
-    if op in KERNELS:
-        forward_median = _MEDIANS.get(("ssd_forward", name, dtype, "cutile"))
+    if op in KERNELS:  # against the forward's GPU time (the default call's is a latency)
+        forward_median = _MEDIANS.get(("ssd_forward", name, dtype, "cutile_nocheck"))
         if forward_median is not None:
             info["share_of_ssd_forward_pct"] = 100.0 * median / forward_median
     if failure is not None:
@@ -583,23 +583,35 @@ def test_compare_gate(tmp_path, capsys, current, status):
     assert ("REGRESSION" in out.out or "MISSING" in out.out) == (status == 1)
 
 
-@pytest.mark.parametrize("base_timing, cur_timing, status, shown", [
-    (None, "latency", 1, "METHOD gpu -> latency"),  # a baseline from before: re-measure it
-    ("latency", "gpu", 1, "METHOD latency -> gpu"),
-    ("latency", "latency", 0, "not gated (latency)"),  # host time: listed, never gated
-    (None, "gpu", 1, "REGRESSION"),  # files without the key were all GPU time: gated
-], ids=["unrecorded_to_latency_fails", "latency_to_gpu_fails", "latency_not_gated",
-        "unrecorded_is_gpu_and_gated"])
-def test_compare_by_timing_method(tmp_path, capsys, base_timing, cur_timing, status, shown):
-    """The default forward's row 50 % slower; only the timing methods recorded differ."""
+@pytest.mark.parametrize("base_timing, cur_timing, slower, status, shown", [
+    (None, "latency", 1.0, 1, "METHOD gpu -> latency"),  # a baseline from before: re-measure it
+    ("latency", "gpu", 1.0, 1, "METHOD latency -> gpu"),
+    ("latency", "latency", 1.3, 0, "ok"),  # within the latency threshold (0.40)
+    ("latency", "latency", 1.5, 1, "REGRESSION"),
+    (None, "gpu", 1.15, 1, "REGRESSION"),  # files without the key were all GPU time: 0.10
+], ids=["unrecorded_to_latency_fails", "latency_to_gpu_fails", "latency_30_percent_passes",
+        "latency_50_percent_fails", "gpu_15_percent_fails"])
+def test_compare_by_timing_method(tmp_path, capsys, base_timing, cur_timing, slower, status,
+                                  shown):
+    """The default forward's row `slower` times its baseline; only the timing methods recorded
+    and the medians differ."""
     name = "ssd_forward-row1-cutile"
     base = _bench_json(tmp_path / "base.json", BASE,
                        timing=None if base_timing is None else {name: base_timing})
-    cur = _bench_json(tmp_path / "cur.json", {**BASE, name: 1.5 * BASE[name]},
+    cur = _bench_json(tmp_path / "cur.json", {**BASE, name: slower * BASE[name]},
                       timing={name: cur_timing})
     assert compare.main([base, cur, "--threshold", "0.10"]) == status
     line = [ln for ln in capsys.readouterr().out.splitlines() if name in ln]
     assert len(line) == 1 and line[0].endswith(shown)
+
+
+def test_compare_latency_threshold_is_respected(tmp_path):
+    name = "ssd_forward-row1-cutile"
+    base = _bench_json(tmp_path / "base.json", BASE, timing={name: "latency"})
+    cur = _bench_json(tmp_path / "cur.json", {**BASE, name: 1.3 * BASE[name]},
+                      timing={name: "latency"})
+    assert compare.main([base, cur, "--latency-threshold", "0.2"]) == 1
+    assert compare.main([base, cur, "--latency-threshold", "0.35"]) == 0
 
 
 def test_compare_threshold_is_respected(tmp_path):

@@ -1,8 +1,10 @@
 """Compile gate (marker compile, CPU): every kernel, in the specializations ssd_forward uses for a
 representative set of shapes, compiles to cubin for sm_80, sm_90, sm_100 and sm_120.
 
-The specializations come from ssd_forward's own launch code (`forward_plan`: its batch slices,
-each `forward_launches`, the one place the tile sizes are chosen), run on stand-in arrays that only carry a shape and a dtype; the signature
+The specializations come from ssd_forward's own launch code (`forward_plan`: the whole batch,
+and its batch slices where a device of that SM count splits it; each `forward_launches`, the one
+place the tile sizes are chosen), run on stand-in arrays that only carry a shape and a dtype;
+the signature
 of each launch is what ct.launch would compile for it (`array_constraint`): arrays by dtype and
 rank with ct.launch's assumptions on unit dimensions, strides and alignment, the index width of
 the kernel object (int64 where its function asks for ct.IndexedWithInt64), the launcher's
@@ -87,26 +89,32 @@ NARROW = ("x", "B", "C", "z", "y")
 
 
 # The launchers choose by the device's SM count (fwd_pass_state: its chunks in parallel when its
-# sequential grid has fewer programs than SMs). The gate compiles the choices of a one-SM device
-# and of an unbounded one, so whatever a device picks has been compiled.
+# sequential grid has fewer programs than SMs). The gate compiles the choices of a one-SM device,
+# whole batch and batch slices (it splits every even batch whose slices stay aligned), and of an
+# unbounded one (never splits), so every mode of every kernel is compiled.
 SM_COUNTS = (1, 2**31)
 
 
 def config_launches(dims: Dims, opts: dict, sm_count: int):
     """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins, on a
-    GPU of `sm_count` SMs (its batch slices' launches one after another)."""
+    GPU of `sm_count` SMs: the whole batch's launches, then, where such a GPU splits the batch,
+    its slices' (a slice of one batch element specializes unlike the whole: a unit dimension)."""
     dtype = opts.get("dtype", "float32")
     a = lambda name: ArraySpec(dims.shape(name), dtype if name in NARROW else "float32")
-    plan = forward_plan(
+    optional = {"z": opts.get("z"), "initial_states": opts.get("initial_states"),
+                "seq_idx": opts.get("seq_idx")}
+    arrays = (
         a("x"), a("dt"), a("A"), a("B"), a("C"),
         {"head": ArraySpec((dims.nheads,)), "channel": a("D")}.get(opts.get("D")),
-        a("z") if opts.get("z") else None, a("dt_bias") if opts.get("dt_bias") else None,
-        a("initial_states") if opts.get("initial_states") else None,
-        ArraySpec(dims.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
+        a("z") if optional["z"] else None, a("dt_bias") if opts.get("dt_bias") else None,
+        a("initial_states") if optional["initial_states"] else None,
+        ArraySpec(dims.shape("seq_idx"), "int32") if optional["seq_idx"] else None,
         opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
-        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"), sm_count,
-        batch_parts(dims, "cupy", ITEMSIZE[dtype], sm_count))
-    return [launch for launches in plan for launch in launches]
+        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"), sm_count)
+    parts = batch_parts(dims, "cupy", ITEMSIZE[dtype], sm_count,
+                        [name for name, on in optional.items() if on])
+    plans = forward_plan(*arrays, 1) + (forward_plan(*arrays, parts) if parts > 1 else [])
+    return [launch for launches in plans for launch in launches]
 
 
 def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:

@@ -128,48 +128,79 @@ def test_batch_slices_give_the_whole_batch_result_bit_for_bit(backend, parts):
     assert not np.isnan(y).any()
 
 
+BUSY_BYTES, BUSY_FILLS = 1 << 28, 24  # ~2 ms of fills on the H200: work a stream must wait out
+
+
 @pytest.mark.gpu
-def test_batch_slices_on_a_nondefault_stream_and_in_torch():
-    """The slices fork from and join into the caller's stream: a result read on that stream
-    after a synchronisation of it alone is complete (cupy on a non-blocking stream, torch on
-    its current stream)."""
+@pytest.mark.parametrize("busy", ["side", "caller"],
+                         ids=["join_waits_for_side", "fork_waits_for_caller"])
+def test_batch_slices_fork_from_and_join_into_the_callers_stream(busy):
+    """On a non-blocking caller stream, the result read after a synchronisation of that stream
+    alone. join: the side stream is kept busy for ~2 ms before the call; without the join its
+    slice of y would still be NaN (outputs are NaN-filled). fork: x is written on the caller's
+    stream after ~2 ms of other work; without the fork the side slice would read the stale x."""
     import cupy
+    from kernels.arrays import _side_stream
     kw = make_inputs(SLICED)
     with batch_parts_as(1):
         want = to_numpy(ssd_forward(**on_backend("gpu", kw)))
+    dev = on_backend("gpu", kw)
+    stale = cupy.asarray(make_inputs(SLICED, seed=1)["x"])
+    work = cupy.empty(BUSY_BYTES, dtype=cupy.uint8)
     stream = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.runtime.deviceSynchronize()
     with stream, batch_parts_as(2):
-        y = ssd_forward(**on_backend("gpu", kw))
+        x = stale.copy()  # the stale values, until the caller's stream overwrites them
+        side = _side_stream("cupy", stream.device_id, stream.ptr, 0)
+        delayed = side if busy == "side" else stream
+        with delayed:
+            for _ in range(BUSY_FILLS):
+                work.fill(1)
+        x[...] = dev["x"]
+        y = ssd_forward(**{**dev, "x": x})
     stream.synchronize()
     assert np.array_equal(y.get(), want)
+
+
+@pytest.mark.gpu
+def test_batch_slices_in_torch_on_its_current_stream():
     torch = pytest.importorskip("torch")
+    kw = make_inputs(SLICED)
+    with batch_parts_as(1):
+        want = to_numpy(ssd_forward(**on_backend("gpu", kw)))
     tkw = {k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v
            for k, v in kw.items()}
-    tstream = torch.cuda.Stream()
-    with torch.cuda.stream(tstream), batch_parts_as(2):
-        ty = ssd_forward(**tkw)
-    tstream.synchronize()
-    assert np.array_equal(ty.cpu().numpy(), want)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), batch_parts_as(2):
+        y = ssd_forward(**tkw)
+    stream.synchronize()
+    assert isinstance(y, torch.Tensor) and np.array_equal(y.cpu().numpy(), want)
 
 
-@pytest.mark.parametrize("dims, itemsize, kind, parts", [
-    (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "cupy", 2),  # 320 state programs on 132 SMs
-    (Dims(4, 4096, 80, 64, 1, 128, 256), 2, "torch", 2),
-    (Dims(4, 4096, 80, 64, 1, 128, 64), 4, "cupy", 2),
-    (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "numpy", 1),  # the interpreter: nothing to overlap
-    (Dims(4, 4096, 64, 64, 8, 64, 128), 4, "cupy", 1),  # 256 programs: one wave of two per SM
-    (Dims(8, 2048, 24, 64, 1, 128, 256), 4, "cupy", 1),  # 192
-    (Dims(2, 4096, 80, 64, 1, 128, 256), 4, "cupy", 1),  # 160
-    (Dims(5, 4096, 80, 64, 1, 128, 256), 4, "cupy", 1),  # odd batch
-    (Dims(4, 1001, 81, 64, 1, 128, 256), 4, "cupy", 1),  # dt's slab 1001 * 81 * 4 bytes
-    (Dims(4, 1001, 84, 7, 1, 128, 256), 2, "cupy", 1),  # x: 1001 * 84 * 7 * 2 bytes; dt aligned
-], ids=["mamba2_2p7b", "mamba2_2p7b_bf16", "chunk_64", "interpreter", "groups_8_one_wave",
-        "mamba2_130m_one_wave", "batch_2_one_wave", "odd_batch", "dt_slice_misaligned",
-        "narrow_x_slice_misaligned"])
-def test_batch_parts_rule(dims, itemsize, kind, parts):
+@pytest.mark.parametrize("dims, itemsize, kind, given, parts", [
+    (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "cupy", (), 2),  # 320 state programs on 132 SMs
+    (Dims(4, 4096, 80, 64, 1, 128, 256), 2, "torch", ("z", "initial_states", "seq_idx"), 2),
+    (Dims(4, 4096, 80, 64, 1, 128, 64), 4, "cupy", (), 2),
+    (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "numpy", (), 1),  # the interpreter: nothing to overlap
+    (Dims(4, 4096, 64, 64, 8, 64, 128), 4, "cupy", (), 1),  # 256 programs: one wave of two per SM
+    (Dims(8, 2048, 24, 64, 1, 128, 256), 4, "cupy", (), 1),  # 192
+    (Dims(2, 4096, 80, 64, 1, 128, 256), 4, "cupy", (), 1),  # 160
+    (Dims(5, 4096, 80, 64, 1, 128, 256), 4, "cupy", (), 1),  # odd batch
+    # the second slice's offset in bytes: 2 elements of 1001 * 81 * 4 (dt) / 1002 * 81 * 7 * 2
+    # (x, y) / 1001 * 4 (seq_idx, only where given)
+    (Dims(4, 1001, 81, 64, 1, 128, 256), 4, "cupy", (), 1),
+    (Dims(4, 1002, 81, 7, 1, 128, 256), 2, "cupy", (), 1),
+    (Dims(4, 1001, 80, 64, 1, 128, 256), 4, "cupy", ("seq_idx",), 1),
+    (Dims(4, 1001, 80, 64, 1, 128, 256), 4, "cupy", (), 2),
+], ids=["mamba2_2p7b", "mamba2_2p7b_bf16_all_options", "chunk_64", "interpreter",
+        "groups_8_one_wave", "mamba2_130m_one_wave", "batch_2_one_wave", "odd_batch",
+        "dt_slice_misaligned", "narrow_x_slice_misaligned", "seq_idx_slice_misaligned",
+        "seq_idx_absent_aligned"])
+def test_batch_parts_rule(dims, itemsize, kind, given, parts):
     """On the H200's 132 SMs: slices where the in-order state grid runs past two programs per
-    SM (run 28 measured gains there only), the batch even and every slice aligned."""
-    assert batch_parts(dims, kind, itemsize, sm_count=132) == parts
+    SM (run 28 measured gains there only), the batch even and the second slice aligned in every
+    array the call has."""
+    assert batch_parts(dims, kind, itemsize, 132, given) == parts
 
 
 def test_batch_slices_choose_as_the_whole_batch():
