@@ -11,7 +11,8 @@ says how wrong): the differences place the time inside the kernel without hardwa
 committed one, e.g. a rewrite under review; its output is compared with the committed kernel's.
 
 --forward times ssd_forward itself (D, final states) with check_values=True (the default: A, D
-read on the host, a synchronisation inside the timed span) and check_values=False, same method.
+read on the host, a synchronisation inside the timed span) and check_values=False, the latter
+also with the batch whole and in two slices: GPU time behind a prefill, and host time per call.
 
 Each variant is a kernel module (kernels/compute_out.py or kernels/fwd_pass_state.py) loaded
 from a copy of its source with textual edits applied (e.g. a `latency=` hint on a load) and
@@ -250,19 +251,51 @@ def sweep_row(name, reps, flush, tmpdir, results, only=None, lists=()):
 
 
 def time_forward(name, reps, flush, results):
+    """ssd_forward on row `name`: as called by default, without the value read, and without it
+    with the batch whole and in two slices (kernels.ssd_forward.BATCH_PARTS) where the batch
+    allows. Each variant: the median GPU time of `reps` calls, each behind MAX_PREFILL flushes
+    (the number of calls whose start the GPU reached before the host had enqueued them is
+    printed: those medians include host time), and the median host time of a call enqueued on
+    an idle GPU (its Python, checks, read and launches)."""
+    import time
+    from contextlib import nullcontext
+    import cupy
     import kernels
+    from kernels.ssd_forward import batch_parts_as
+    from benchmarks.timing import MAX_PREFILL
     config = ANCHORS[name]
     inp = row_inputs(config)
-    for check in (True, False):
+    for check, parts in ((True, None), (False, None), (False, 1), (False, 2)):
+        if parts is not None and parts > config[0]:
+            continue
         def call():
             return kernels.ssd_forward(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],
                                        config[-1], D=inp["D"], return_final_states=True,
                                        check_values=check)
-        call()
-        ms = gpu_time(call, reps, flush)
-        results.append(dict(row=name, kernel="ssd_forward", variant=f"check_values={check}",
-                            ms=ms))
-        print(f"{name:12s} ssd_forward    check_values={check!s:5s} {ms:8.4f} ms", flush=True)
+        with batch_parts_as(parts) if parts else nullcontext():
+            call()
+            gpu, host, starved = [], [], 0
+            for _ in range(reps):
+                cupy.cuda.runtime.deviceSynchronize()
+                t0 = time.perf_counter()
+                call()
+                host.append((time.perf_counter() - t0) * 1e6)
+            for _ in range(reps):
+                for _ in range(MAX_PREFILL):
+                    flush()
+                start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record()
+                call()
+                starved += bool(start.done)
+                end.record()
+                end.synchronize()
+                gpu.append(cupy.cuda.get_elapsed_time(start, end))
+        ms, host_us = sorted(gpu)[reps // 2], sorted(host)[reps // 2]
+        tag = f"check_values={check}" + ("" if parts is None else f",slices={parts}")
+        results.append(dict(row=name, kernel="ssd_forward", variant=tag, ms=ms,
+                            host_us=host_us, starved=starved))
+        print(f"{name:12s} ssd_forward    {tag:28s} {ms:8.4f} ms  host {host_us:7.1f} us  "
+              f"starved {starved}/{reps}", flush=True)
 
 
 def main(argv=None):
@@ -270,7 +303,8 @@ def main(argv=None):
     p.add_argument("--rows", default=",".join(DEFAULT_ROWS))
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--only", default="", help="comma-separated variant tags (plus the default)")
-    p.add_argument("--forward", action="store_true", help="time ssd_forward, checks on / off")
+    p.add_argument("--forward", action="store_true",
+                   help="time ssd_forward: checks on / off, batch whole / in two slices")
     p.add_argument("--ablate", action="store_true",
                    help="the committed kernels and their ablations instead of the variants")
     p.add_argument("--candidate", action="append", default=[], metavar="MODULE=FILE",
