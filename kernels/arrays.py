@@ -158,11 +158,13 @@ class Backend:
         elif self.kind == "cupy":
             import cupy
             with cupy.cuda.Device(self.device):
-                ct.launch(stream or cupy.cuda.get_current_stream(), grid, kernel, args)
+                ct.launch(cupy.cuda.get_current_stream() if stream is None else stream, grid,
+                          kernel, args)
         else:
             import torch
             with torch.cuda.device(self.device):
-                ct.launch(stream or torch.cuda.current_stream(), grid, kernel, args)
+                ct.launch(torch.cuda.current_stream() if stream is None else stream, grid,
+                          kernel, args)
 
     def launch_parts(self, parts: list[list[tuple]]):
         """Run independent lists of launches [(kernel, grid, args)], each in its order: the first
