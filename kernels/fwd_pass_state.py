@@ -182,10 +182,16 @@ _state_pass = ct.kernel(int32_indexed(_state_pass_kernel))
 _state_pass_int64 = ct.kernel(_state_pass_kernel)
 
 
+def _state_slices(headdim: int, dstate: int) -> tuple[int, int, int]:
+    """(BLOCK_P, BLOCK_N, slices): a program's state slice and the slices of one head's state."""
+    block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
+    block_n = pow2_tile(dstate, lo=MMA_MIN, hi=MAX_BLOCK_N)
+    return block_p, block_n, -(-headdim // block_p) * -(-dstate // block_n)
+
+
 def in_order_programs(batch: int, nheads: int, headdim: int, dstate: int) -> int:
     """The programs of the in-order grid: (headdim blocks x dstate blocks, nheads, batch)."""
-    return (-(-headdim // pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P))
-            * -(-dstate // pow2_tile(dstate, lo=MMA_MIN, hi=MAX_BLOCK_N)) * nheads * batch)
+    return _state_slices(headdim, dstate)[2] * nheads * batch
 
 
 def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
@@ -200,12 +206,9 @@ def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     dstate = int(B.shape[3])
     chunk_size, nchunks = int(dt_out.shape[3]), int(dt_out.shape[2])
-    block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
-    block_n = pow2_tile(dstate, lo=MMA_MIN, hi=MAX_BLOCK_N)
+    block_p, block_n, pn_blocks = _state_slices(headdim, dstate)
     block_k = min(chunk_size, WHOLE_CHUNK_K)
-    pn_blocks = -(-headdim // block_p) * -(-dstate // block_n)
-    parallel = (chunk_size >= WHOLE_CHUNK_K
-                and in_order_programs(batch, nheads, headdim, dstate) < sm_count)
+    parallel = chunk_size >= WHOLE_CHUNK_K and pn_blocks * nheads * batch < sm_count
     initial = x if initial_states is None else initial_states  # a placeholder when absent
     seg_arg = dt_out if seg is None else seg
     args = (x, B, dt_out, dA_cumsum, initial, seg_arg, chunk_states, final_states,

@@ -145,11 +145,17 @@ def step_options(kw: dict) -> dict:
 
 
 def on_backend(backend: str, arrays: dict) -> dict:
-    """`arrays` with every NumPy array moved to the backend's array type (CuPy for "gpu")."""
+    """`arrays` with every NumPy array moved to the backend's array type (CuPy for "gpu", torch
+    CUDA tensors for "torch")."""
     if backend == "interpreter":
         return dict(arrays)
-    import cupy
-    return {k: cupy.asarray(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
+    if backend == "torch":
+        import torch
+        move = lambda v: torch.from_numpy(v).cuda()  # noqa: E731
+    else:
+        import cupy
+        move = cupy.asarray
+    return {k: move(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
 
 
 def to_numpy(a) -> np.ndarray:

@@ -89,8 +89,7 @@ def test_narrow_dt_refused():
 def test_bfloat16_torch_inputs_within_narrow_bound(case_id):
     torch = pytest.importorskip("torch")
     kw = make_inputs(BY_ID[case_id])
-    tkw = {k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v
-           for k, v in kw.items()}
+    tkw = on_backend("torch", kw)
     tkw = narrow(tkw, lambda t: t.to(torch.bfloat16))
     y, final = ssd_forward(**tkw, return_final_states=True)
     assert y.dtype == torch.bfloat16 and final.dtype == torch.float32

@@ -98,8 +98,7 @@ def test_torch_cuda_tensors_in_torch_tensors_out_on_the_current_stream():
     kw = make_inputs(SMALL)
     want_y, want_f = (to_numpy(a) for a in
                       ssd_forward(**on_backend("gpu", kw), return_final_states=True))
-    tkw = {k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v
-           for k, v in kw.items()}
+    tkw = on_backend("torch", kw)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         y, f = ssd_forward(**tkw, return_final_states=True)
@@ -168,8 +167,7 @@ def test_batch_slices_in_torch_on_its_current_stream():
     kw = make_inputs(SLICED)
     with batch_parts_as(1):
         want = to_numpy(ssd_forward(**on_backend("gpu", kw)))
-    tkw = {k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v
-           for k, v in kw.items()}
+    tkw = on_backend("torch", kw)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream), batch_parts_as(2):
         y = ssd_forward(**tkw)
