@@ -145,18 +145,27 @@ def load_variant(module: str, constants: dict, edits: list, tmpdir: Path, tag: s
 
 def gpu_time(launch, reps: int, flush) -> float:
     """Median ms of `launch()` over `reps` rounds, L2 flushed before each."""
+    return fed_gpu_time(launch, reps, flush, 1)[0]
+
+
+def fed_gpu_time(launch, reps: int, flush, prefill: int) -> tuple[float, int]:
+    """(median ms, starved rounds) of `launch()` over `reps` rounds, each behind `prefill` L2
+    flushes; a round is starved when the GPU reached its start before the host had enqueued it
+    (its time then holds host time)."""
     import cupy
-    times = []
+    times, starved = [], 0
     for _ in range(reps):
-        flush()
+        for _ in range(prefill):
+            flush()
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
         launch()
+        starved += bool(start.done)
         end.record()
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end))
     times.sort()
-    return times[len(times) // 2]
+    return times[len(times) // 2], starved
 
 
 def variant_lists(ablate: bool, candidates: dict) -> tuple:
@@ -274,23 +283,14 @@ def time_forward(name, reps, flush, results):
                                        check_values=check)
         with batch_parts_as(parts) if parts else nullcontext():
             call()
-            gpu, host, starved = [], [], 0
+            host = []
             for _ in range(reps):
                 cupy.cuda.runtime.deviceSynchronize()
                 t0 = time.perf_counter()
                 call()
                 host.append((time.perf_counter() - t0) * 1e6)
-            for _ in range(reps):
-                for _ in range(MAX_PREFILL):
-                    flush()
-                start, end = cupy.cuda.Event(), cupy.cuda.Event()
-                start.record()
-                call()
-                starved += bool(start.done)
-                end.record()
-                end.synchronize()
-                gpu.append(cupy.cuda.get_elapsed_time(start, end))
-        ms, host_us = sorted(gpu)[reps // 2], sorted(host)[reps // 2]
+            ms, starved = fed_gpu_time(call, reps, flush, MAX_PREFILL)
+        host_us = sorted(host)[reps // 2]
         tag = f"check_values={check}" + ("" if parts is None else f",slices={parts}")
         results.append(dict(row=name, kernel="ssd_forward", variant=tag, ms=ms,
                             host_us=host_us, starved=starved))
