@@ -6,8 +6,11 @@
 2. the property suite with the ci profile: `pytest -m properties` (HYPOTHESIS_PROFILE=ci)
 3. every stored reproducer (properties/reproducers/*.npz) replayed: each must pass now
 4. on a GPU, the benchmark regression check against benchmarks/baseline/h200.json
-   (`pytest -m benchmark` then `python -m benchmarks.compare ... --threshold 0.10`); skipped,
-   saying why, without a GPU or without a stored baseline
+   (`pytest -m benchmark` then `python -m benchmarks.compare ... --threshold 0.10`); where only
+   latencies regressed, those rows are measured again in a fresh pytest process, up to
+   benchmarks.compare.LATENCY_RETRIES times (`--retry`: a latency holds the host's Python, whose
+   speed varies between processes); skipped, saying why, without a GPU or without a stored
+   baseline
 Prints one line per step and exits 1 if any step failed.
 """
 
@@ -30,6 +33,37 @@ THRESHOLD = "0.10"  # the regression threshold of benchmarks/baseline/README.md
 def _run(args: list[str], **env) -> int:
     print(f"$ {' '.join(args)}", flush=True)
     return subprocess.run(args, cwd=REPO, env=dict(os.environ, **env)).returncode
+
+
+def benchmark_gate(run, tmp: Path, baseline: Path = BASELINE) -> str:
+    """Step 4's verdict. `run(json_path, node_ids)`: a benchmark run (every benchmark when
+    `node_ids` is empty) writing pytest-benchmark JSON, its exit status returned. Where every
+    failure is a latency that regressed, those rows run again, up to LATENCY_RETRIES times; the
+    comparison then takes each rerun (`benchmarks.compare --retry`)."""
+    from benchmarks import compare
+    current = tmp / "current.json"
+    if run(current, []) != 0:
+        return "FAIL (benchmark run)"
+    retries: list[Path] = []
+
+    def verdict() -> int:
+        return _run([sys.executable, "-m", "benchmarks.compare", str(baseline), str(current),
+                     "--threshold", THRESHOLD, *(a for r in retries for a in ("--retry", str(r)))])
+    status = verdict()
+    while status == 1 and len(retries) < compare.LATENCY_RETRIES:
+        base = compare.load(str(baseline))
+        _, failures = compare.compare(base, compare.load(str(current)), float(THRESHOLD),
+                                      retries=[compare.load(str(r)) for r in retries])
+        again = compare.latency_regressions(base, failures)
+        if not again:
+            break
+        retries.append(tmp / f"retry{len(retries) + 1}.json")
+        if run(retries[-1], again) != 0:
+            return "FAIL (benchmark rerun)"
+        status = verdict()
+    if status != 0:
+        return "FAIL"
+    return f"pass (latencies passed on retry {len(retries)})" if retries else "pass"
 
 
 def main(argv=None) -> int:
@@ -66,17 +100,15 @@ def main(argv=None) -> int:
         if not BASELINE.exists():
             return f"skipped: no stored baseline {BASELINE.relative_to(REPO)} yet"
         with tempfile.TemporaryDirectory() as tmp:
-            current = Path(tmp) / "current.json"
             # mamba_ssm's source, where the machine has it, for the comparison rows
             ext = REPO / ".ext"
             path = os.pathsep.join(filter(None, [str(ext) if ext.exists() else "",
                                                  os.environ.get("PYTHONPATH", "")]))
-            if _run([py, "-m", "pytest", "-m", "benchmark", "-q",
-                     f"--benchmark-json={current}"], PYTHONPATH=path) != 0:
-                return "FAIL (benchmark run)"
-            ok = _run([py, "-m", "benchmarks.compare", str(BASELINE), str(current),
-                       "--threshold", THRESHOLD]) == 0
-        return "pass" if ok else "FAIL"
+
+            def run(json_path, node_ids):
+                return _run([py, "-m", "pytest", "-m", "benchmark", "-q", *node_ids,
+                             f"--benchmark-json={json_path}"], PYTHONPATH=path)
+            return benchmark_gate(run, Path(tmp))
     step("benchmark regression vs baseline", benchmarks)
 
     print("\nreview gate:")

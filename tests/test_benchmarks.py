@@ -628,6 +628,87 @@ def test_compare_gates_the_no_value_read_forward(tmp_path):
     assert compare.main([base, cur, "--threshold", "0.10"]) == 1
 
 
+LATENCY = "ssd_forward-row1-cutile"  # BASE's default-call row, timed as a latency below
+KERNEL = "compute_out-row1-cutile"
+
+
+def _latency_json(path, slower: float = 1.0, kernel_slower: float = 1.0):
+    """BASE with the default call's row timed as a latency, `slower` times its median and the
+    compute_out row `kernel_slower` times its own."""
+    return _bench_json(path, {**BASE, LATENCY: slower * BASE[LATENCY],
+                              KERNEL: kernel_slower * BASE[KERNEL]}, timing={LATENCY: "latency"})
+
+
+@pytest.mark.parametrize("retry_slower, status, shown", [
+    ([1.2], 0, "ok on retry 1 (+20.0%)"),
+    ([1.6, 1.3], 0, "ok on retry 2 (+30.0%)"),
+    ([1.6, 1.5], 1, "REGRESSION"),  # slower in every process: a real regression
+], ids=["latency_within_on_retry_passes", "latency_within_on_second_retry_passes",
+        "latency_regressed_in_every_retry_fails"])
+def test_compare_takes_a_regressed_latency_from_its_retries(tmp_path, capsys, retry_slower,
+                                                            status, shown):
+    base = _latency_json(tmp_path / "base.json")
+    cur = _latency_json(tmp_path / "cur.json", slower=1.6)
+    retries = [a for k, f in enumerate(retry_slower)
+               for a in ("--retry", _latency_json(tmp_path / f"retry{k}.json", slower=f))]
+    assert compare.main([base, cur, *retries]) == status
+    line = [ln for ln in capsys.readouterr().out.splitlines() if LATENCY in ln]
+    assert len(line) == 1 and line[0].endswith(shown)
+
+
+def test_compare_never_retries_gpu_time(tmp_path, capsys):
+    """A GPU-time row's median is steady between runs: a faster rerun does not excuse it."""
+    base = _latency_json(tmp_path / "base.json")
+    cur = _latency_json(tmp_path / "cur.json", kernel_slower=1.2)
+    retry = _latency_json(tmp_path / "retry.json")
+    assert compare.main([base, cur, "--retry", retry]) == 1
+    line = [ln for ln in capsys.readouterr().out.splitlines() if KERNEL in ln]
+    assert line[0].endswith("REGRESSION")
+
+
+@pytest.mark.parametrize("failures, expected", [
+    ([LATENCY], [LATENCY]),
+    ([LATENCY, KERNEL], None),  # a GPU-time regression fails whatever a rerun gives
+    (["ssd_forward-row9-cutile"], None),  # missing from the baseline: not a latency of it
+], ids=["latency_only", "latency_and_gpu_time", "not_in_the_baseline"])
+def test_latency_regressions_to_measure_again(tmp_path, failures, expected):
+    base = compare.load(_latency_json(tmp_path / "base.json"))
+    full = lambda n: f"tests/test_benchmarks.py::test_speed[{n}]"  # noqa: E731
+    got = compare.latency_regressions(base, [full(n) for n in failures])
+    assert got == (None if expected is None else [full(n) for n in expected])
+
+
+@pytest.mark.parametrize("latency_runs, kernel_slower, status, reruns", [
+    ([1.0], 1.0, "pass", 0),
+    ([1.6, 1.5, 1.1], 1.0, "pass (latencies passed on retry 2)", 2),
+    ([1.6, 1.5, 1.5], 1.0, "FAIL", 2),  # LATENCY_RETRIES reruns, each regressed
+    ([1.6], 1.2, "FAIL", 0),  # a GPU-time regression: nothing to measure again
+], ids=["no_regression", "latency_passes_on_second_rerun", "latency_regressed_in_every_rerun",
+        "gpu_time_regression_not_rerun"])
+def test_review_gate_reruns_regressed_latencies(tmp_path, monkeypatch, latency_runs,
+                                               kernel_slower, status, reruns):
+    """properties.gate's benchmark step with a fake benchmark run: the first run writes every
+    row, each rerun only the rows asked for (the latency), at the next median of latency_runs."""
+    from properties import gate
+    monkeypatch.setattr(compare, "LATENCY_RETRIES", 2)
+    base = Path(_latency_json(tmp_path / "base.json"))
+    calls = []
+
+    def run(json_path, node_ids):
+        calls.append(list(node_ids))
+        slower = latency_runs[len(calls) - 1]
+        _latency_json(json_path, slower=slower, kernel_slower=kernel_slower)
+        if node_ids:  # a rerun holds the rows asked for only
+            data = json.loads(json_path.read_text())
+            data["benchmarks"] = [b for b in data["benchmarks"] if b["fullname"] in node_ids]
+            json_path.write_text(json.dumps(data))
+        return 0
+
+    assert gate.benchmark_gate(run, tmp_path, baseline=base) == status
+    assert calls[0] == [] and len(calls) == 1 + reruns
+    assert all(ids == [f"tests/test_benchmarks.py::test_speed[{LATENCY}]"] for ids in calls[1:])
+
+
 def test_sweep_variants_and_ablations_apply_to_the_kernel_source(tmp_path):
     """Every sweep variant's and ablation's edits match the committed kernels (load_variant
     refuses an edit that does not match exactly its count) and its constants exist."""
