@@ -35,6 +35,8 @@ other streams (ssd_forward's second batch slice) forks from and joins into it.
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from typing import Any, Callable
 
 FLUSH_BYTES = 256 << 20  # over four times the H200's L2 (60 MB, as PyTorch reports it)
@@ -116,9 +118,11 @@ def measure(benchmark, fn: Callable[[], Any], clock: GpuClock, flush: Callable[[
     rounds are timed the same way but not recorded; they set the prefill length, and the number
     of rounds drops (to MIN_ROUNDS at least) where `rounds` of them would exceed `budget_s`.
     With `idle` (for a call that synchronises with the host), each round starts from an idle GPU
-    and its time is the call's latency: no prefill, no starved rounds counted.
+    and its time is the call's latency: no prefill, no starved rounds counted; the median host
+    time of the call (until it returns) is recorded too, as `host_ms`: the part of a latency
+    that moves with the host's speed (benchmarks/NOTES.md, run 33).
     """
-    state = {"prefill": 1, "starved": 0}
+    state = {"prefill": 1, "starved": 0, "host_s": []}
 
     def setup():
         for _ in range(state["prefill"]):
@@ -127,7 +131,9 @@ def measure(benchmark, fn: Callable[[], Any], clock: GpuClock, flush: Callable[[
             idle()
 
     def timed_round():
+        start = time.perf_counter()
         result = fn()
+        state["host_s"].append(time.perf_counter() - start)
         if idle is None and clock.last_reached():
             state["starved"] += 1
             if state["prefill"] < MAX_PREFILL:  # the next rounds start behind more GPU work
@@ -142,12 +148,13 @@ def measure(benchmark, fn: Callable[[], Any], clock: GpuClock, flush: Callable[[
         fastest = min(fastest, clock() - start)
     if fastest * rounds > budget_s:
         rounds = max(MIN_ROUNDS, int(budget_s / fastest))
-    state["starved"] = 0
+    state["starved"], state["host_s"] = 0, []
     result = benchmark.pedantic(timed_round, setup=setup, rounds=rounds, iterations=1)
     if idle is None:
         benchmark.extra_info.update(timing="gpu", prefill_memsets=state["prefill"],
                                     starved_rounds=state["starved"])
     else:
-        benchmark.extra_info.update(timing="latency")
+        benchmark.extra_info.update(timing="latency",
+                                    host_ms=1e3 * statistics.median(state["host_s"]))
     benchmark.extra_info["timer"] = "cuda_events"
     return result

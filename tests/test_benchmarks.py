@@ -435,6 +435,8 @@ def test_perf_model_rejects_unknown_op_and_dtype(op, dtype):
 
 
 FAKE_CLOCK_TESTS = '''
+import time
+
 import pytest
 from benchmarks.timing import GpuClock, measure
 
@@ -474,6 +476,8 @@ def run(benchmark, gpu, clock, durations_ms, rounds, synchronises=False):
 
     def work():
         gpu.now += pending.pop(0)
+        if synchronises:  # the host waits for the read: 5 ms of host time a call
+            time.sleep(5e-3)
 
     def flush():
         gpu.flushes += 1
@@ -545,6 +549,8 @@ def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
     assert latency["flushes"] == 3 + 5
     assert latency["idles"] == list(range(1, 3 + 5 + 1))  # each round waits after its flush
     assert runs["test_latency"]["stats"]["median"] == pytest.approx(3.0e-3)
+    assert 5.0 <= latency["host_ms"] < 100.0  # the call's host time, not its GPU time (3 ms)
+    assert all("host_ms" not in b["extra_info"] for b in (fed, starved, late))
 
 
 def _bench_json(path, medians_ms: dict, impl="cutile", timing: dict | None = None):
