@@ -23,9 +23,9 @@ from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
 # slices (benchmarks/NOTES.md, run 28): Mamba-2 2.7B row (320 programs on 132 SMs) 1.082 ->
 # 1.032 ms (bf16 0.935 -> 0.850), chunk 64 (320) 1.058 -> 0.943; not where the grid is one
 # wave: 8 groups (256) 0.528 -> 0.528, 130m (192) 0.346 -> 0.343, batch 2 at 4096 tokens (160)
-# 0.567 -> 0.564. Four slices were no better (1.043 on 2.7B). A split call enqueues for longer
-# on the host (run 29: the benchmark's 0.7 ms prefill no longer covered it), so it is kept to
-# where it pays.
+# 0.567 -> 0.564. Four slices were no better (1.043 on 2.7B). A split call takes more host time
+# (run 31: 272 against 185 us a call behind queued work, 2.7B row), so it is kept to where it
+# pays.
 BATCH_PARTS = 2
 SPLIT_MIN_WAVES = 2
 _BATCH_PARTS: int | None = None  # batch_parts_as's override
