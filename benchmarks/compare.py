@@ -17,11 +17,12 @@ slices whose GPU time had not changed).
 A latency holds the host's Python, whose speed is the process's and the moment's: the same call
 took 0.25-0.37 ms of host time in five processes one after another (run 33), and one latency row
 of unchanged code moved +116 % between two runs (run 31: 1024 tokens 0.344 -> 0.744 ms, while
-the same run's bf16 row took 0.480). So a latency that regressed is measured again in other
-processes (`--retry`: the JSON of a rerun of those rows; `python -m properties.gate` reruns
-them up to LATENCY_RETRIES times) and passes when one of them is within its threshold: a host
-path that really got slower is slower in every process. GPU-time rows are not retried: their
-medians stayed within a few % between runs (run 31 against run 29: -5.1 .. +2.9 %).
+the same run's bf16 row took 0.480). So a latency that regressed can be measured again in other
+processes (`--retry`: the JSON of a rerun of those rows, from the same commit; `python -m
+properties.gate` reruns them LATENCY_RETRIES times), and is then judged by the median of its
+medians over the current run and the retries that have it: one slow process does not fail the
+gate, one fast process does not pass a host path that got slower. GPU-time rows are not retried:
+their medians stayed within a few % between runs (run 31 against run 29: -6.2 .. +0.9 %).
 
 A gated benchmark of the baseline that is missing from
 the current run (it failed, errored or was skipped) also fails the gate, and so does one timed
@@ -35,30 +36,34 @@ against its storage folder and gates every benchmark alike; this command compare
 files anywhere (a CPU review machine too), gates only the project's implementations (a slower
 comparator is not a regression of ours), and fails on a gated benchmark that went missing.
 
-Exit status: 0 no regression, 1 a regression or a missing benchmark, 2 unusable input (a file
-that is not pytest-benchmark JSON, or no gated benchmark in common: a gate that compares
-nothing must not pass).
+Exit status: 0 no regression, 1 a regression or a missing benchmark, 2 unusable input (a file,
+retries included, that is not pytest-benchmark JSON; a retry from another commit than the
+current run's; or no gated benchmark in common: a gate that compares nothing must not pass).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 
 # ours: ssd_forward as called by default and the kernels, ssd_forward without the value read
 OUR_IMPLS = ("cutile", "cutile_nocheck")
 LATENCY_THRESHOLD = 0.40  # above run 26's 25 % run-to-run moves, below run 29's +50-65 %
-LATENCY_RETRIES = 2  # reruns of a regressed latency in fresh processes (properties.gate)
+LATENCY_RETRIES = 2  # reruns of a regressed latency in fresh processes: a median of three
+FAILED = ("MISSING", "REGRESSION", "METHOD")  # how the status of a failed row starts
 
 
-def load(path: str) -> dict[str, dict]:
-    """Benchmarks of a pytest-benchmark JSON file, by fullname."""
+def load(path: str, commit: bool = False):
+    """Benchmarks of a pytest-benchmark JSON file, by fullname; with `commit`, (that, the
+    commit id pytest-benchmark recorded, or None)."""
     with open(path) as f:
         data = json.load(f)
     if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
         raise ValueError(f"{path}: not a pytest-benchmark JSON file (no 'benchmarks' list)")
-    return {b["fullname"]: b for b in data["benchmarks"]}
+    benchmarks = {b["fullname"]: b for b in data["benchmarks"]}
+    return (benchmarks, _commit(data)) if commit else benchmarks
 
 
 def _timing(bench: dict) -> str:
@@ -73,7 +78,7 @@ def compare(baseline: dict[str, dict], current: dict[str, dict], threshold: floa
             latency_threshold: float = LATENCY_THRESHOLD, retries: list[dict[str, dict]] = ()):
     """(rows, failures): one row per benchmark (name, baseline ms, current ms, change, status).
     `retries`: runs measured after `current` (load()ed); a latency that regressed in `current`
-    passes when it is within the latency threshold in one of them."""
+    is judged by the median of its medians there and in the retries that have it."""
     rows, failures = [], []
     for name in sorted(set(baseline) | set(current)):
         base, cur = baseline.get(name), current.get(name)
@@ -92,36 +97,41 @@ def compare(baseline: dict[str, dict], current: dict[str, dict], threshold: floa
             status = f"METHOD {_timing(base)} -> {_timing(cur)}"
         elif change > allowed:
             status = "REGRESSION"
-            if _timing(base) == "latency":
-                status = _retried(name, base, base_ms, retries, allowed) or status
+            if _timing(base) == "latency" and retries:
+                status = _over_retries(name, base, cur_ms / base_ms, retries, allowed)
         else:
             status = "ok"
-        if status in ("MISSING", "REGRESSION") or status.startswith("METHOD"):
+        if status.startswith(FAILED):
             failures.append(name)
         rows.append((name, base_ms, cur_ms, change, status))
     return rows, failures
 
 
-def _retried(name: str, base: dict, base_ms: float, retries, allowed: float) -> str | None:
-    """'ok on retry k (+x %)' for the first rerun where latency row `name` is within `allowed`
-    of its baseline, else None (no rerun has it, or every one regressed too)."""
-    for k, retry in enumerate(retries, 1):
-        again = retry.get(name)
-        if again is None or _timing(again) != _timing(base):
-            continue
-        change = again["stats"]["median"] * 1e3 / base_ms - 1.0
-        if change <= allowed:
-            return f"ok on retry {k} ({change:+.1%})"
-    return None
+def _over_retries(name: str, base: dict, ratio: float, retries, allowed: float) -> str:
+    """The status of latency row `name`, `ratio` times its baseline median in the current run,
+    from the median of that ratio and the row's in each retry that has it (timed alike)."""
+    ratios = [ratio] + [again["stats"]["median"] / base["stats"]["median"]
+                        for again in (retry.get(name) for retry in retries)
+                        if again is not None and _timing(again) == _timing(base)]
+    if len(ratios) == 1:
+        return "REGRESSION (in no retry)"
+    change = statistics.median(ratios) - 1.0
+    verdict = "ok" if change <= allowed else "REGRESSION"
+    return f"{verdict}: median of {len(ratios)} runs {change:+.1%}"
 
 
-def latency_regressions(baseline: dict[str, dict], failures: list[str]) -> list[str] | None:
-    """compare()'s failures when each is a latency that regressed (to be measured again), else
-    None: a missing row, another timing method or a GPU-time regression fails whatever a rerun
-    of the latencies gives."""
-    if all(name in baseline and _timing(baseline[name]) == "latency" for name in failures):
-        return list(failures)
-    return None
+def latency_regressions(baseline: dict[str, dict], rows) -> list[str] | None:
+    """The rows of compare() to measure again: its failures when every one is a latency that
+    regressed, else None (a missing row, another timing method or a GPU-time regression fails
+    whatever a rerun of the latencies gives)."""
+    failed = [(name, status) for name, _, _, _, status in rows if status.startswith(FAILED)]
+    latencies = [name for name, status in failed
+                 if status.startswith("REGRESSION") and _timing(baseline[name]) == "latency"]
+    return latencies if latencies and len(latencies) == len(failed) else None
+
+
+def _commit(data: dict) -> str | None:
+    return (data.get("commit_info") or {}).get("id")
 
 
 def _fmt(v, spec):
@@ -146,8 +156,15 @@ def main(argv=None) -> int:
         if not getattr(args, name) >= 0.0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     try:
-        baseline, current = load(args.baseline), load(args.current)
-        retries = [load(path) for path in args.retry]
+        baseline = load(args.baseline)
+        current, commit = load(args.current, commit=True)
+        retries = []
+        for path in args.retry:
+            retry, retry_commit = load(path, commit=True)
+            if commit and retry_commit and retry_commit != commit:
+                raise ValueError(f"{path}: a retry of commit {retry_commit}, not of the current "
+                                 f"run's {commit}")
+            retries.append(retry)
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"compare: {e}", file=sys.stderr)
         return 2
@@ -167,9 +184,8 @@ def main(argv=None) -> int:
               f"{100 * args.threshold:.0f}% (a latency by more than "
               f"{100 * args.latency_threshold:.0f}%), are missing, or were timed by another "
               f"method than the baseline's (METHOD: re-measure the baseline)"
-              + (f"; a latency that regressed did so in every retry ({len(retries)})"
-                 if retries else ""),
-              file=sys.stderr)
+              + ("; a latency with retries is judged by the median of its runs"
+                 if retries else ""), file=sys.stderr)
         return 1
     print(f"\nno gated benchmark regressed by more than {100 * args.threshold:.0f}% (a latency by "
           f"more than {100 * args.latency_threshold:.0f}%) "

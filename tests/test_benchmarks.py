@@ -470,14 +470,15 @@ LATE_CLOCK = GpuClock(LATE.event, lambda a, b: b.t - a.t)
 SYNCING_CLOCK = GpuClock(SYNCING.event, lambda a, b: b.t - a.t)
 
 
-def run(benchmark, gpu, clock, durations_ms, rounds, synchronises=False):
+def run(benchmark, gpu, clock, durations_ms, rounds, host_ms=None, synchronises=False):
     pending = list(durations_ms)
+    host = list(host_ms or [])
     idles = []
 
     def work():
         gpu.now += pending.pop(0)
-        if synchronises:  # the host waits for the read: 5 ms of host time a call
-            time.sleep(5e-3)
+        if host:  # the host's part of the call
+            time.sleep(host.pop(0) * 1e-3)
 
     def flush():
         gpu.flushes += 1
@@ -507,7 +508,7 @@ def test_starved_late(benchmark):
 @pytest.mark.benchmark(timer=SYNCING_CLOCK)
 def test_latency(benchmark):
     run(benchmark, SYNCING, SYNCING_CLOCK, [7.0, 7.0, 7.0, 2.0, 1.0, 5.0, 3.0, 4.0], rounds=5,
-        synchronises=True)
+        host_ms=[30.0, 30.0, 30.0, 5.0, 5.0, 5.0, 6.0, 40.0], synchronises=True)
 '''
 
 
@@ -549,7 +550,9 @@ def test_gpu_clock_makes_pytest_benchmark_stats_gpu_times(tmp_path):
     assert latency["flushes"] == 3 + 5
     assert latency["idles"] == list(range(1, 3 + 5 + 1))  # each round waits after its flush
     assert runs["test_latency"]["stats"]["median"] == pytest.approx(3.0e-3)
-    assert 5.0 <= latency["host_ms"] < 100.0  # the call's host time, not its GPU time (3 ms)
+    # the median host time of the timed calls (5 ms): not their GPU time (3), not their mean
+    # (12.2), not with the warm-up calls (18)
+    assert 5.0 <= latency["host_ms"] < 11.0
     assert all("host_ms" not in b["extra_info"] for b in (fed, starved, late))
 
 
@@ -635,84 +638,152 @@ def test_compare_gates_the_no_value_read_forward(tmp_path):
 
 
 LATENCY = "ssd_forward-row1-cutile"  # BASE's default-call row, timed as a latency below
+LATENCY_2 = "ssd_forward-row2-cutile"  # a second default-call row
 KERNEL = "compute_out-row1-cutile"
 
 
-def _latency_json(path, slower: float = 1.0, kernel_slower: float = 1.0):
-    """BASE with the default call's row timed as a latency, `slower` times its median and the
-    compute_out row `kernel_slower` times its own."""
-    return _bench_json(path, {**BASE, LATENCY: slower * BASE[LATENCY],
-                              KERNEL: kernel_slower * BASE[KERNEL]}, timing={LATENCY: "latency"})
+def _full(name: str) -> str:
+    return f"tests/test_benchmarks.py::test_speed[{name}]"
+
+
+def _latency_json(path, slower: float = 1.0, kernel_slower: float = 1.0, slower_2: float = 1.0,
+                  commit: str | None = None, rows=None, timing: str = "latency"):
+    """BASE and LATENCY_2 (0.5 ms) with the default-call rows timed as latencies (`timing`),
+    LATENCY `slower` times its baseline median, LATENCY_2 `slower_2` times, the compute_out row
+    `kernel_slower` times; only `rows` (names) where given; pytest-benchmark's commit id
+    `commit` where given."""
+    medians = {**BASE, LATENCY: slower * BASE[LATENCY], KERNEL: kernel_slower * BASE[KERNEL],
+               LATENCY_2: slower_2 * 0.5}
+    if rows is not None:
+        medians = {k: v for k, v in medians.items() if k in rows}
+    out = _bench_json(path, medians, timing={LATENCY: timing, LATENCY_2: timing})
+    if commit is not None:
+        data = json.loads(Path(out).read_text())
+        data["commit_info"] = {"id": commit}
+        Path(out).write_text(json.dumps(data))
+    return out
 
 
 @pytest.mark.parametrize("retry_slower, status, shown", [
-    ([1.2], 0, "ok on retry 1 (+20.0%)"),
-    ([1.6, 1.3], 0, "ok on retry 2 (+30.0%)"),
-    ([1.6, 1.5], 1, "REGRESSION"),  # slower in every process: a real regression
-], ids=["latency_within_on_retry_passes", "latency_within_on_second_retry_passes",
-        "latency_regressed_in_every_retry_fails"])
-def test_compare_takes_a_regressed_latency_from_its_retries(tmp_path, capsys, retry_slower,
-                                                            status, shown):
+    ([1.0], 0, "ok: median of 2 runs +30.0%"),
+    ([1.1, 1.2], 0, "ok: median of 3 runs +20.0%"),  # one slow process does not fail the gate
+    ([1.5, 1.1], 1, "REGRESSION: median of 3 runs +50.0%"),  # nor one fast one pass it
+], ids=["within_in_median_of_two", "slow_process_then_within_passes",
+        "fast_process_does_not_pass_a_regression"])
+def test_compare_judges_a_regressed_latency_by_the_median_of_its_runs(tmp_path, capsys,
+                                                                     retry_slower, status,
+                                                                     shown):
     base = _latency_json(tmp_path / "base.json")
     cur = _latency_json(tmp_path / "cur.json", slower=1.6)
     retries = [a for k, f in enumerate(retry_slower)
-               for a in ("--retry", _latency_json(tmp_path / f"retry{k}.json", slower=f))]
+               for a in ("--retry", _latency_json(tmp_path / f"retry{k}.json", slower=f,
+                                                  rows=[LATENCY]))]
     assert compare.main([base, cur, *retries]) == status
-    line = [ln for ln in capsys.readouterr().out.splitlines() if LATENCY in ln]
+    line = [ln for ln in capsys.readouterr().out.splitlines() if _full(LATENCY) in ln]
     assert len(line) == 1 and line[0].endswith(shown)
 
 
-def test_compare_never_retries_gpu_time(tmp_path, capsys):
-    """A GPU-time row's median is steady between runs: a faster rerun does not excuse it."""
+@pytest.mark.parametrize("retry", [
+    dict(rows=[LATENCY_2]),  # the retry lacks the row
+    dict(timing="gpu"),  # the row timed by another method there
+], ids=["retry_without_the_row", "retry_timed_otherwise"])
+def test_compare_counts_only_retries_of_the_row_timed_alike(tmp_path, capsys, retry):
     base = _latency_json(tmp_path / "base.json")
-    cur = _latency_json(tmp_path / "cur.json", kernel_slower=1.2)
-    retry = _latency_json(tmp_path / "retry.json")
-    assert compare.main([base, cur, "--retry", retry]) == 1
-    line = [ln for ln in capsys.readouterr().out.splitlines() if KERNEL in ln]
-    assert line[0].endswith("REGRESSION")
+    cur = _latency_json(tmp_path / "cur.json", slower=1.6)
+    again = _latency_json(tmp_path / "retry.json", **retry)
+    assert compare.main([base, cur, "--retry", again]) == 1
+    line = [ln for ln in capsys.readouterr().out.splitlines() if _full(LATENCY) in ln]
+    assert line[0].endswith("REGRESSION (in no retry)")
 
 
-@pytest.mark.parametrize("failures, expected", [
-    ([LATENCY], [LATENCY]),
-    ([LATENCY, KERNEL], None),  # a GPU-time regression fails whatever a rerun gives
-    (["ssd_forward-row9-cutile"], None),  # missing from the baseline: not a latency of it
-], ids=["latency_only", "latency_and_gpu_time", "not_in_the_baseline"])
-def test_latency_regressions_to_measure_again(tmp_path, failures, expected):
+@pytest.mark.parametrize("current, shown", [
+    (dict(kernel_slower=1.2), "REGRESSION"),  # GPU time: steady between runs, never retried
+    (dict(rows=[KERNEL, LATENCY_2]), "MISSING"),
+    (dict(timing="gpu"), "METHOD latency -> gpu"),
+], ids=["gpu_time_regression", "missing_latency", "latency_timed_otherwise"])
+def test_compare_retries_excuse_nothing_but_latencies(tmp_path, capsys, current, shown):
+    """A retry where every row is as fast as the baseline leaves these failures failed."""
+    base = _latency_json(tmp_path / "base.json")
+    cur = _latency_json(tmp_path / "cur.json", **current)
+    again = _latency_json(tmp_path / "retry.json")
+    assert compare.main([base, cur, "--retry", again]) == 1
+    assert shown in capsys.readouterr().out
+
+
+def test_compare_refuses_a_retry_it_cannot_use(tmp_path, capsys):
+    base = _latency_json(tmp_path / "base.json")
+    cur = _latency_json(tmp_path / "cur.json", slower=1.6, commit="a" * 40)
+    other = _latency_json(tmp_path / "other.json", commit="b" * 40)
+    assert compare.main([base, cur, "--retry", other]) == 2
+    assert "not of the current run's" in capsys.readouterr().err
+    assert compare.main([base, cur, "--retry", str(tmp_path / "absent.json")]) == 2
+    same = _latency_json(tmp_path / "same.json", commit="a" * 40)
+    assert compare.main([base, cur, "--retry", same]) == 0
+
+
+@pytest.mark.parametrize("current, expected", [
+    (dict(slower=1.6), [LATENCY]),
+    (dict(slower=1.6, slower_2=1.6), [LATENCY, LATENCY_2]),
+    (dict(slower=1.6, kernel_slower=1.2), None),  # a GPU-time regression fails whatever
+    (dict(slower=1.6, rows=[KERNEL, LATENCY]), None),  # LATENCY_2 missing
+    (dict(), None),  # nothing failed
+], ids=["one_latency", "two_latencies", "latency_and_gpu_time", "latency_and_missing",
+        "nothing_failed"])
+def test_latency_regressions_to_measure_again(tmp_path, current, expected):
     base = compare.load(_latency_json(tmp_path / "base.json"))
-    full = lambda n: f"tests/test_benchmarks.py::test_speed[{n}]"  # noqa: E731
-    got = compare.latency_regressions(base, [full(n) for n in failures])
-    assert got == (None if expected is None else [full(n) for n in expected])
+    rows, _ = compare.compare(base, compare.load(_latency_json(tmp_path / "cur.json", **current)),
+                              0.10)
+    assert compare.latency_regressions(base, rows) == (
+        None if expected is None else [_full(n) for n in expected])
 
 
-@pytest.mark.parametrize("latency_runs, kernel_slower, status, reruns", [
-    ([1.0], 1.0, "pass", 0),
-    ([1.6, 1.5, 1.1], 1.0, "pass (latencies passed on retry 2)", 2),
-    ([1.6, 1.5, 1.5], 1.0, "FAIL", 2),  # LATENCY_RETRIES reruns, each regressed
-    ([1.6], 1.2, "FAIL", 0),  # a GPU-time regression: nothing to measure again
-], ids=["no_regression", "latency_passes_on_second_rerun", "latency_regressed_in_every_rerun",
-        "gpu_time_regression_not_rerun"])
-def test_review_gate_reruns_regressed_latencies(tmp_path, monkeypatch, latency_runs,
-                                               kernel_slower, status, reruns):
+@pytest.mark.parametrize("runs, kernel_slower, status, rerun", [
+    ([(1.0, 1.0)], 1.0, "pass", []),
+    ([(1.6, 1.0), (1.1, None), (1.2, None)], 1.0, "pass (latencies: the median of 3 runs)",
+     [LATENCY]),
+    ([(1.6, 1.0), (1.5, None), (1.1, None)], 1.0, "FAIL", [LATENCY]),
+    ([(1.6, 1.6), (1.1, 1.5), (1.2, 1.5)], 1.0, "FAIL", [LATENCY, LATENCY_2]),
+    ([(1.6, 1.0)], 1.2, "FAIL", []),  # a GPU-time regression: nothing to measure again
+], ids=["no_regression", "latency_within_by_median", "latency_regressed_by_median",
+        "one_of_two_latencies_regressed", "gpu_time_regression_not_rerun"])
+def test_review_gate_reruns_regressed_latencies(tmp_path, runs, kernel_slower, status, rerun):
     """properties.gate's benchmark step with a fake benchmark run: the first run writes every
-    row, each rerun only the rows asked for (the latency), at the next median of latency_runs."""
+    row, each rerun only the rows asked for; runs[k] = (LATENCY, LATENCY_2) of the k-th run,
+    each as a multiple of its baseline median."""
     from properties import gate
-    monkeypatch.setattr(compare, "LATENCY_RETRIES", 2)
     base = Path(_latency_json(tmp_path / "base.json"))
     calls = []
 
     def run(json_path, node_ids):
         calls.append(list(node_ids))
-        slower = latency_runs[len(calls) - 1]
-        _latency_json(json_path, slower=slower, kernel_slower=kernel_slower)
-        if node_ids:  # a rerun holds the rows asked for only
-            data = json.loads(json_path.read_text())
-            data["benchmarks"] = [b for b in data["benchmarks"] if b["fullname"] in node_ids]
-            json_path.write_text(json.dumps(data))
+        slower, slower_2 = runs[len(calls) - 1]
+        _latency_json(json_path, slower=slower, slower_2=slower_2 or 1.0,
+                      kernel_slower=kernel_slower,
+                      rows=[n for n in (LATENCY, LATENCY_2, KERNEL) if _full(n) in node_ids]
+                      if node_ids else None)
         return 0
 
     assert gate.benchmark_gate(run, tmp_path, baseline=base) == status
-    assert calls[0] == [] and len(calls) == 1 + reruns
-    assert all(ids == [f"tests/test_benchmarks.py::test_speed[{LATENCY}]"] for ids in calls[1:])
+    assert calls == [[]] + [[_full(n) for n in rerun]] * (len(runs) - 1)
+
+
+@pytest.mark.parametrize("rc, writes, status", [
+    (1, True, "FAIL (benchmark rerun)"),
+    (0, False, "FAIL (a rerun wrote no results: its rows were skipped?)"),
+], ids=["rerun_fails", "rerun_writes_nothing"])
+def test_review_gate_fails_on_a_rerun_that_gives_nothing(tmp_path, rc, writes, status):
+    from properties import gate
+    base = Path(_latency_json(tmp_path / "base.json"))
+
+    def run(json_path, node_ids):
+        if not node_ids:
+            _latency_json(json_path, slower=1.6)
+            return 0
+        if writes:
+            _latency_json(json_path, rows=[LATENCY])
+        return rc
+
+    assert gate.benchmark_gate(run, tmp_path, baseline=base) == status
 
 
 def test_sweep_variants_and_ablations_apply_to_the_kernel_source(tmp_path):
