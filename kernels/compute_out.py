@@ -5,6 +5,7 @@ per chunk that carries the state through the chunk's token blocks."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import cuda.tile as ct
 
@@ -313,6 +314,23 @@ _compute_out_int64 = ct.kernel(_compute_out_kernel, occupancy=OCCUPANCY)
 # token blocks or read per block); narrow inputs take one head per program, where it does not
 # pay. Narrow inputs, seq_idx and arrays of 2^31 elements or more take token blocks.
 _compute_out_chunk = ct.kernel(int32_indexed(_compute_out_chunk_kernel), occupancy=OCCUPANCY)
+# Occupancy hints a tuned choice may take (kernels.tuning); the kernel objects by (layout, int64
+# indices, hint), each made once here (an object made per call would be dispatched anew).
+TUNED_OCCUPANCIES = (1, 2)
+_KERNELS = {(lay, int64, OCCUPANCY): k for lay, int64, k in (
+    ("token_blocks", False, _compute_out), ("token_blocks", True, _compute_out_int64),
+    ("whole_chunks", False, _compute_out_chunk))}
+_KERNELS.update({(lay, int64, occ): k.replace_hints(occupancy=occ)
+                 for (lay, int64, _), k in list(_KERNELS.items())
+                 for occ in TUNED_OCCUPANCIES if occ != OCCUPANCY})
+
+
+class Choice(NamedTuple):
+    """What a compute_out launch chooses beyond its shapes: its program layout (LAYOUTS), the
+    heads of a group a program takes, and the occupancy hint."""
+    layout: str
+    heads: int
+    occupancy: int
 
 
 def heads_per_program(heads_per_group: int, max_heads: int) -> int:
@@ -335,37 +353,92 @@ def layout(chunk_size: int, block_t: int, dstate_tile: int, heads: int, programs
     return "whole_chunks" if pays else "token_blocks"
 
 
-def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count):
+def _tiles(x, B, dt_out) -> tuple[int, int, int, int]:
+    """(chunk_size, BLOCK_T, BLOCK_P, DSTATE tile) of a launch."""
+    headdim, dstate, chunk_size = int(x.shape[3]), int(B.shape[3]), int(dt_out.shape[3])
+    dstate_tile = pow2_tile(dstate, lo=MMA_MIN)
+    block_t = max(MMA_MIN, min(chunk_size, MAX_BLOCK_T, TILE_ELEMENTS // dstate_tile))
+    return chunk_size, block_t, pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P), dstate_tile
+
+
+def _arrays(x, B, C, dt_out, dA_cumsum, chunk_states, D, z):
+    """The kernels' array arguments (x stands in for D and z when they are absent)."""
+    return (x, B, C, dt_out, dA_cumsum, chunk_states, x if D is None else D,
+            x if z is None else z)
+
+
+def _whole_chunks_run(x, seg, int64: bool) -> bool:
+    """The program per chunk exists for float32 inputs, int32 indices and no seq_idx only."""
+    return dtype_name(x) == "float32" and seg is None and not int64
+
+
+def compute_out_signature(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> tuple:
+    """What a launch's choice may depend on: the dtype, the dimensions, the options and the index
+    width (the key of a tuned choice, kernels.tuning)."""
+    batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
+    int64 = needs_int64(*_arrays(x, B, C, dt_out, dA_cumsum, chunk_states, D, z), y, seg)
+    return (dtype_name(x), batch, seqlen, nheads, headdim, int(B.shape[2]), int(B.shape[3]),
+            int(dt_out.shape[3]), D is not None, D is not None and len(D.shape) == 2,
+            z is not None, seg is not None, int64)
+
+
+def compute_out_choices(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> list[Choice]:
+    """Every choice a launch of these arrays can run (what kernels.tuning searches): token blocks,
+    and the program per chunk where it exists (float32, int32 indices, no seq_idx) with a state
+    tile of at most WHOLE_CHUNK_DSTATE; each power of two of a group's heads up to MAX_HEADS, one
+    where a chunk is a single token block (tileiras 13.4 fails several there, see MAX_HEADS);
+    each occupancy hint of TUNED_OCCUPANCIES."""
+    chunk_size, block_t, _, dstate_tile = _tiles(x, B, dt_out)
+    int64 = compute_out_signature(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y)[-1]
+    layouts = ["token_blocks"]
+    if _whole_chunks_run(x, seg, int64) and dstate_tile <= WHOLE_CHUNK_DSTATE:
+        layouts.append("whole_chunks")
+    max_heads = heads_per_program(int(x.shape[2]) // int(B.shape[2]),
+                                  MAX_HEADS if chunk_size > block_t else 1)
+    heads = [h for h in (1, 2, 4, 8, 16) if h <= max_heads]
+    return [Choice(lay, h, occ) for lay in layouts for h in heads for occ in TUNED_OCCUPANCIES]
+
+
+def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count,
+                       tuned=None, choice: Choice | None = None):
     """(kernel, grid, kernel args) of compute_out: the one place its program layout, its tiles,
-    its heads per program and its kernel object (index width) are chosen.
+    its heads per program and its kernel object (index width, occupancy hint) are chosen.
 
     Reads only shapes and x's dtype (and layout_as's override), so the compile gate derives its
     signatures from here too. `seg` is the (batch, seqlen) int32 segment ids, or None;
-    `sm_count`: the device's SMs.
+    `sm_count`: the device's SMs. The choice is `choice` where given (one of
+    compute_out_choices), else the device's tuned choice for this signature where `tuned` (a
+    mapping, kernels.tuning.table) has one and layout_as forces none, else the rules below.
     """
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
-    dstate = int(B.shape[3])
-    chunk_size = int(dt_out.shape[3])
-    dstate_tile = pow2_tile(dstate, lo=MMA_MIN)
-    block_t = max(MMA_MIN, min(chunk_size, MAX_BLOCK_T, TILE_ELEMENTS // dstate_tile))
-    block_p = pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P)
-    max_heads = MAX_HEADS if chunk_size > block_t and dtype_name(x) == "float32" else 1
-    heads = heads_per_program(nheads // int(B.shape[2]), max_heads)
+    chunk_size, block_t, block_p, dstate_tile = _tiles(x, B, dt_out)
     options = (D is not None, D is not None and len(D.shape) == 2, z is not None)
-    arrays = (x, B, C, dt_out, dA_cumsum, chunk_states, x if D is None else D,
-              x if z is None else z)
-    tiles = (chunk_size, block_t, block_p, dstate_tile, heads)
-    chunk_programs = -(-seqlen // chunk_size) * -(-headdim // block_p) * (nheads // heads) * batch
+    arrays = _arrays(x, B, C, dt_out, dA_cumsum, chunk_states, D, z)
     int64 = needs_int64(*arrays, y, seg)
-    # the program per chunk: float32, int32 indices and no seq_idx only (_compute_out_chunk)
-    if (dtype_name(x) == "float32" and seg is None and not int64
-            and layout(chunk_size, block_t, dstate_tile, heads, chunk_programs,
-                       sm_count) == "whole_chunks"):
-        kernel, tokens, args = _compute_out_chunk, chunk_size, (*arrays, y, *tiles, *options)
+    if choice is None and tuned and _LAYOUT is None:
+        choice = tuned.get(compute_out_signature(x, B, C, dt_out, dA_cumsum, chunk_states, D, z,
+                                                 seg, y))
+    if choice is None:  # the rules
+        max_heads = MAX_HEADS if chunk_size > block_t and dtype_name(x) == "float32" else 1
+        heads = heads_per_program(nheads // int(B.shape[2]), max_heads)
+        chunk_programs = (-(-seqlen // chunk_size) * -(-headdim // block_p) * (nheads // heads)
+                          * batch)
+        # the program per chunk: float32, int32 indices and no seq_idx only (_compute_out_chunk)
+        runs = (_whole_chunks_run(x, seg, int64)
+                and layout(chunk_size, block_t, dstate_tile, heads, chunk_programs,
+                           sm_count) == "whole_chunks")
+        choice = Choice("whole_chunks" if runs else "token_blocks", heads, OCCUPANCY)
+    elif choice.layout == "whole_chunks" and not _whole_chunks_run(x, seg, int64):
+        raise ValueError(f"choice: {choice} cannot run here (the program per chunk needs float32 "
+                         f"inputs, no seq_idx and int32 indices)")
+    kernel = _KERNELS[choice.layout, int64, choice.occupancy]
+    tiles = (chunk_size, block_t, block_p, dstate_tile, choice.heads)
+    if choice.layout == "whole_chunks":
+        args, tokens = (*arrays, y, *tiles, *options), chunk_size
     else:
         args = (*arrays, dt_out if seg is None else seg, y, *tiles, *options, seg is not None)
-        kernel, tokens = (_compute_out_int64 if int64 else _compute_out), block_t
-    grid = (-(-seqlen // tokens) * -(-headdim // block_p), nheads // heads, batch)
+        tokens = block_t
+    grid = (-(-seqlen // tokens) * -(-headdim // block_p), nheads // choice.heads, batch)
     return kernel, grid, args
 
 
@@ -386,8 +459,9 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     D, z = backend.contiguous_float32(D), backend.contiguous(z)
     seg = backend.segment_ids(seq_idx)
     y = backend.empty(dims.shape("y"), like=x)
+    from kernels import tuning  # imports this module
     launch = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y,
-                                backend.sm_count)
+                                backend.sm_count, tuning.table(backend))
     if check_values and D is not None:  # last before the launch, as in ssd_forward
         check_vector_values(D=D)
     backend.launch(*launch)

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from fractions import Fraction
 
 from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values
+from kernels import tuning
 from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
@@ -116,7 +117,8 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
                         backend.sm_count,
                         batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
                                     [n for n, a in (("z", z), ("initial_states", initial_states),
-                                                    ("seq_idx", seq_idx)) if a is not None]))
+                                                    ("seq_idx", seq_idx)) if a is not None]),
+                        tuning.table(backend))
     if check_values:
         check_vector_values(A, D=D, dt_bias=dt_bias)
     backend.launch_parts(plan)
@@ -124,8 +126,17 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
 
 
 def forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
-                 dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, parts):
-    """The launches of one forward as `parts` slices of the batch: [forward_launches of each].
+                 dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, parts, tuned=None):
+    """The launches of one forward as `parts` slices of the batch: [forward_launches of each]
+    (forward_parts). `tuned`: compute_out's tuned choices (kernels.tuning.table), or None."""
+    return [forward_launches(**part, tuned=tuned) for part in forward_parts(
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit, dt_out,
+        dA_cumsum, chunk_states, final_states, y, sm_count, parts)]
+
+
+def forward_parts(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
+                  dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, parts):
+    """forward_launches' arguments for each of `parts` slices of the batch.
 
     Every array but A, D and dt_bias is batch-first and C-contiguous, so a slice of its batch is
     a contiguous view. A slice of batch b_k of the whole batch b sizes its grids for
@@ -134,23 +145,25 @@ def forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus
     """
     batch = int(x.shape[0])
     bounds = [batch * k // parts for k in range(parts + 1)]
-    plan = []
+    out = []
     for lo, hi in zip(bounds, bounds[1:]):
         part = lambda a: None if a is None else a[lo:hi]  # noqa: E731
-        plan.append(forward_launches(
-            part(x), part(dt), A, part(B), part(C), D, part(z), dt_bias, part(initial_states),
-            part(seg), dt_softplus, dt_limit, part(dt_out), part(dA_cumsum), part(chunk_states),
-            part(final_states), part(y), Fraction(sm_count * (hi - lo), batch)))
-    return plan
+        out.append(dict(
+            x=part(x), dt=part(dt), A=A, B=part(B), C=part(C), D=D, z=part(z), dt_bias=dt_bias,
+            initial_states=part(initial_states), seg=part(seg), dt_softplus=dt_softplus,
+            dt_limit=dt_limit, dt_out=part(dt_out), dA_cumsum=part(dA_cumsum),
+            chunk_states=part(chunk_states), final_states=part(final_states), y=part(y),
+            sm_count=Fraction(sm_count * (hi - lo), batch)))
+    return out
 
 
 def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
-                     dt_out, dA_cumsum, chunk_states, final_states, y, sm_count):
+                     dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, tuned=None):
     """The launches of one forward, in order: [(kernel, grid, args)].
 
     Reads only shapes and dtypes (and which optional arrays are given) and the device's SM
     count, so the compile gate derives the specializations ssd_forward uses from here, with
-    stand-in arrays.
+    stand-in arrays. `tuned`: compute_out's tuned choices for the device, or None (the rules).
     1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size)
     2. fwd_pass_state: the state entering every chunk, and the final state (one launch, or two
        when the chunks go in parallel)
@@ -160,5 +173,6 @@ def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_soft
         chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit),
         *fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
                                  final_states, sm_count),
-        compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count),
+        compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count,
+                           tuned),
     ]

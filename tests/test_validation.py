@@ -220,5 +220,6 @@ def test_mixed_cupy_and_torch_refused(kw):
 
 
 def test_public_names():
-    assert set(kernels.__all__) == {"ssd_forward", "chunk_cumsum", "fwd_pass_state", "compute_out"}
+    assert set(kernels.__all__) == {"ssd_forward", "tune_forward", "chunk_cumsum", "fwd_pass_state",
+                                    "compute_out"}
     assert math.isinf(ssd_forward.__defaults__[-2][1])  # dt_limit defaults to (0, inf)

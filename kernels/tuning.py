@@ -1,0 +1,188 @@
+"""Per-shape tuning of compute_out (the forward's largest kernel) on the GPU: a search with
+`cuda.tile.tune.exhaustive_search` over the choices it can run (program layout, heads per
+program, occupancy hint; kernels.compute_out.compute_out_choices), cached per shape and device.
+
+    y = ssd_forward(...)                        # the launchers' rules (measured on the H200)
+    tune_forward(x, dt, A, B, C, chunk_size, ...)  # once per shape: search, remember the best
+    y = ssd_forward(...)                        # the tuned choice for that shape on this device
+
+A tuned choice is kept for the process, and in the JSON file named by $CUTILE_SSD_TUNING where
+that is set (read on first use, written after each search), under the device's name, SM count
+and the cuda-tile version: a file from another device or version is not used. Only an explicit
+tune_forward call searches; ssd_forward and compute_out only look choices up. The interpreter
+(NumPy arrays) never uses a tuned choice.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import threading
+from pathlib import Path
+
+import cuda.tile as ct
+
+from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values
+from kernels.arrays import backend_of, check_grid
+from kernels.compute_out import (Choice, compute_out_choices, compute_out_launch,
+                                 compute_out_signature)
+
+ENV = "CUTILE_SSD_TUNING"
+_LOCK = threading.Lock()
+_TABLES: dict[str, dict[tuple, Choice]] = {}  # device key -> signature -> choice
+_LOADED: set[str] = set()  # files read into _TABLES
+
+
+def device_key(kind: str, device: int, sm_count: int) -> str:
+    """The device's name, SM count and the cuda-tile version: what a tuned choice holds for."""
+    return f"{_device_name(kind, device)} | {sm_count} SMs | cuda-tile {ct.__version__}"
+
+
+@functools.lru_cache
+def _device_name(kind: str, device: int) -> str:
+    if kind == "cupy":
+        import cupy
+        name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    import torch
+    return torch.cuda.get_device_name(device)
+
+
+def table(backend) -> dict[tuple, Choice] | None:
+    """The tuned choices of `backend`'s device (signature -> Choice; compute_out_launch's
+    `tuned`), None for the interpreter."""
+    if backend.kind == "numpy":
+        return None
+    return _table(device_key(backend.kind, backend.device, backend.sm_count))
+
+
+def _table(key: str) -> dict[tuple, Choice]:
+    with _LOCK:
+        path = os.environ.get(ENV)
+        if path and path not in _LOADED:
+            _LOADED.add(path)
+            for k, entries in _read(Path(path)).items():
+                _TABLES.setdefault(k, {}).update(entries)
+        return _TABLES.setdefault(key, {})
+
+
+def _read(path: Path) -> dict[str, dict[tuple, Choice]]:
+    """The file's tables; none for a missing file. A file that is not one fails loudly: a tuned
+    table silently dropped would look like a slower kernel."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        return {key: {tuple(e["signature"]): Choice(*e["choice"]) for e in entries}
+                for key, entries in data["tables"].items()}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"${ENV}: {path} is not a tuning file of this project ({e})") from None
+
+
+def _write(path: Path):
+    tables = {key: [dict(signature=list(sig), choice=list(choice))
+                    for sig, choice in sorted(entries.items(), key=str)]
+              for key, entries in _TABLES.items() if entries}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps({"tables": tables}, indent=1))
+    tmp.replace(path)
+
+
+def record(key: str, signature: tuple, choice: Choice):
+    """Remember `choice` for `signature` on device `key` (and in $CUTILE_SSD_TUNING's file)."""
+    entries = _table(key)
+    with _LOCK:
+        entries[signature] = Choice(*choice)
+        path = os.environ.get(ENV)
+        if path:
+            _write(Path(path))
+
+
+def forget():
+    """Drop every choice this process holds (a file is read again on next use)."""
+    with _LOCK:
+        _TABLES.clear()
+        _LOADED.clear()
+
+
+def search(stream, launch_of, choices: list[Choice]):
+    """cuda.tile.tune's exhaustive search: `launch_of(choice)` -> (kernel, grid, args), each
+    timed on `stream` with L2 flushed; its TuningResult (best, successes, failures)."""
+    from cuda.tile.tune import exhaustive_search
+    launches = {c: launch_of(c) for c in choices}
+    return exhaustive_search(choices, stream, lambda c: launches[c][1],
+                             lambda c: launches[c][0], lambda c: launches[c][2], quiet=True)
+
+
+def tune_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                 seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf)) -> dict:
+    """Search compute_out's choices for the launches ssd_forward makes with these arguments (GPU
+    arrays: CuPy or torch CUDA), remember the fastest per launch signature for this device, and
+    return {signature: cuda.tile.tune.TuningResult}. Arguments are checked as ssd_forward checks
+    them; the search runs the forward's first two kernels to give compute_out real inputs, then
+    times each choice (compiling it first: seconds per choice on a first run)."""
+    from kernels.ssd_forward import batch_parts, forward_parts
+    backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                         initial_states=initial_states, seq_idx=seq_idx)
+    if backend.kind == "numpy":
+        raise TypeError("x: tune_forward times kernels on the GPU: pass CuPy arrays or torch "
+                        "CUDA tensors, got NumPy arrays")
+    dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                              initial_states=initial_states, seq_idx=seq_idx, dt_limit=dt_limit,
+                              float_dtypes=("float32",), activation_dtypes=ACTIVATION_DTYPES,
+                              check_values=False)
+    dt_limit = check_dt_limit(dt_limit)
+    check_grid(dims.batch, dims.nheads)
+    check_vector_values(A, D=D, dt_bias=dt_bias)
+    x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
+    dt, A, D, dt_bias, initial_states = (
+        backend.contiguous_float32(a) for a in (dt, A, D, dt_bias, initial_states))
+    seg = backend.segment_ids(seq_idx)
+    outputs = [backend.empty(dims.shape(n)) for n in
+               ("dt_out", "dA_cumsum", "chunk_states", "final_states")]
+    y = backend.empty(dims.shape("y"), like=x)
+    given = [n for n, a in (("z", z), ("initial_states", initial_states), ("seq_idx", seq_idx))
+             if a is not None]
+    parts = forward_parts(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
+                          dt_limit, *outputs, y, backend.sm_count,
+                          batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
+                                      given))
+    return tune_parts(backend, device_key(backend.kind, backend.device, backend.sm_count), parts,
+                      search)
+
+
+def tune_parts(backend, key: str, parts: list[dict], search_fn) -> dict:
+    """tune_forward's search over a forward's parts (ssd_forward.forward_parts): each part's
+    chunk_cumsum and fwd_pass_state run, then its compute_out signature, where this call has not
+    searched it yet, is searched with `search_fn(stream, launch_of, choices)` (search's
+    signature) and its best choice recorded for device `key`."""
+    from kernels.ssd_forward import forward_launches
+    stream = _current_stream(backend)
+    results = {}
+    for part in parts:
+        for kernel, grid, args in forward_launches(**part)[:-1]:
+            backend.launch(kernel, grid, args)
+        arrays = tuple(part[n] for n in ("x", "B", "C", "dt_out", "dA_cumsum", "chunk_states",
+                                          "D", "z", "seg", "y"))
+        signature = compute_out_signature(*arrays)
+        if signature in results:
+            continue
+        result = search_fn(stream, lambda c, arrays=arrays, part=part: compute_out_launch(
+            *arrays, part["sm_count"], choice=c), compute_out_choices(*arrays))
+        record(key, signature, result.best.config)
+        results[signature] = result
+    return results
+
+
+def _current_stream(backend):
+    """The stream a search times on: the caller's current one (None for the interpreter)."""
+    if backend.kind == "cupy":
+        import cupy
+        return cupy.cuda.get_current_stream()
+    if backend.kind == "torch":
+        import torch
+        return torch.cuda.current_stream()
+    return None
