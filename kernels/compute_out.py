@@ -405,19 +405,26 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
     its heads per program and its kernel object (index width, occupancy hint) are chosen.
 
     Reads only shapes and x's dtype (and layout_as's override), so the compile gate derives its
-    signatures from here too. `seg` is the (batch, seqlen) int32 segment ids, or None;
-    `sm_count`: the device's SMs. The choice is `choice` where given (one of
-    compute_out_choices), else the device's tuned choice for this signature where `tuned` (a
-    mapping, kernels.tuning.table) has one and layout_as forces none, else the rules below.
+    signatures from here too (the rules' choices; a tuned choice compiles where it is searched).
+    `seg` is the (batch, seqlen) int32 segment ids, or None; `sm_count`: the device's SMs. The
+    choice is `choice` where given, else the device's tuned choice for this signature where
+    `tuned` (a mapping, kernels.tuning.table) has one and layout_as forces none, else the rules
+    below; a given or tuned choice must be one of compute_out_choices.
     """
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
     chunk_size, block_t, block_p, dstate_tile = _tiles(x, B, dt_out)
     options = (D is not None, D is not None and len(D.shape) == 2, z is not None)
     arrays = _arrays(x, B, C, dt_out, dA_cumsum, chunk_states, D, z)
     int64 = needs_int64(*arrays, y, seg)
-    if choice is None and tuned and _LAYOUT is None:
+    given = choice is not None
+    if not given and tuned and _LAYOUT is None:
         choice = tuned.get(compute_out_signature(x, B, C, dt_out, dA_cumsum, chunk_states, D, z,
                                                  seg, y))
+    if choice is not None and choice not in compute_out_choices(x, B, C, dt_out, dA_cumsum,
+                                                                chunk_states, D, z, seg, y):
+        raise ValueError(f"{'choice' if given else 'tuned choice'}: {choice} is not one that "
+                         f"compute_out can run on this shape ({compute_out_choices.__name__}); "
+                         f"a tuning file of another version? (kernels.tuning)")
     if choice is None:  # the rules
         max_heads = MAX_HEADS if chunk_size > block_t and dtype_name(x) == "float32" else 1
         heads = heads_per_program(nheads // int(B.shape[2]), max_heads)
@@ -428,9 +435,6 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
                 and layout(chunk_size, block_t, dstate_tile, heads, chunk_programs,
                            sm_count) == "whole_chunks")
         choice = Choice("whole_chunks" if runs else "token_blocks", heads, OCCUPANCY)
-    elif choice.layout == "whole_chunks" and not _whole_chunks_run(x, seg, int64):
-        raise ValueError(f"choice: {choice} cannot run here (the program per chunk needs float32 "
-                         f"inputs, no seq_idx and int32 indices)")
     kernel = _KERNELS[choice.layout, int64, choice.occupancy]
     tiles = (chunk_size, block_t, block_p, dstate_tile, choice.heads)
     if choice.layout == "whole_chunks":

@@ -7,18 +7,24 @@ program, occupancy hint; kernels.compute_out.compute_out_choices), cached per sh
     y = ssd_forward(...)                        # the tuned choice for that shape on this device
 
 A tuned choice is kept for the process, and in the JSON file named by $CUTILE_SSD_TUNING where
-that is set (read on first use, written after each search), under the device's name, SM count
-and the cuda-tile version: a file from another device or version is not used. Only an explicit
-tune_forward call searches; ssd_forward and compute_out only look choices up. The interpreter
-(NumPy arrays) never uses a tuned choice.
+that is set (read on first use; after each search, merged with what the file holds then and
+written whole, under a lock file), under the device's name, SM count and the cuda-tile version:
+entries of another device or cuda-tile version are not used, and a choice compute_out cannot
+run on its shape is refused at launch (compute_out_launch). Choices are per launch signature:
+where ssd_forward runs the batch as slices, per slice. layout_as (tests) overrides them. Only
+an explicit tune_forward call searches; ssd_forward and compute_out only look choices up. The
+interpreter (NumPy arrays) never uses a tuned choice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import math
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -30,6 +36,7 @@ from kernels.compute_out import (Choice, compute_out_choices, compute_out_launch
                                  compute_out_signature)
 
 ENV = "CUTILE_SSD_TUNING"
+FORMAT = 1  # the file's layout: {"format": 1, "tables": {device key: [{signature, choice}]}}
 _LOCK = threading.Lock()
 _TABLES: dict[str, dict[tuple, Choice]] = {}  # device key -> signature -> choice
 _LOADED: set[str] = set()  # files read into _TABLES
@@ -62,10 +69,14 @@ def _table(key: str) -> dict[tuple, Choice]:
     with _LOCK:
         path = os.environ.get(ENV)
         if path and path not in _LOADED:
-            _LOADED.add(path)
-            for k, entries in _read(Path(path)).items():
-                _TABLES.setdefault(k, {}).update(entries)
+            _merge(_read(Path(path)))
+            _LOADED.add(path)  # after the read: a file that is not one fails every time
         return _TABLES.setdefault(key, {})
+
+
+def _merge(tables: dict[str, dict[tuple, Choice]]):
+    for key, entries in tables.items():
+        _TABLES.setdefault(key, {}).update(entries)
 
 
 def _read(path: Path) -> dict[str, dict[tuple, Choice]]:
@@ -75,20 +86,37 @@ def _read(path: Path) -> dict[str, dict[tuple, Choice]]:
         return {}
     try:
         data = json.loads(path.read_text())
+        if data["format"] != FORMAT:
+            raise ValueError(f"format {data['format']!r}, not {FORMAT}")
         return {key: {tuple(e["signature"]): Choice(*e["choice"]) for e in entries}
                 for key, entries in data["tables"].items()}
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"${ENV}: {path} is not a tuning file of this project ({e})") from None
 
 
-def _write(path: Path):
-    tables = {key: [dict(signature=list(sig), choice=list(choice))
-                    for sig, choice in sorted(entries.items(), key=str)]
-              for key, entries in _TABLES.items() if entries}
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """Other processes' writers of `path` wait (an advisory lock on a file beside it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"tables": tables}, indent=1))
-    tmp.replace(path)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _write(path: Path):
+    """The file merged with what this process holds (its entries win), written whole."""
+    with _file_lock(path):
+        for key, entries in _read(path).items():  # what other processes wrote meanwhile
+            mine = _TABLES.setdefault(key, {})
+            for signature, choice in entries.items():
+                mine.setdefault(signature, choice)
+        tables = {key: [dict(signature=list(sig), choice=list(choice))
+                        for sig, choice in sorted(entries.items(), key=str)]
+                  for key, entries in _TABLES.items() if entries}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": FORMAT, "tables": tables}, f, indent=1)
+        os.replace(tmp, path)
 
 
 def record(key: str, signature: tuple, choice: Choice):
@@ -158,23 +186,36 @@ def tune_parts(backend, key: str, parts: list[dict], search_fn) -> dict:
     """tune_forward's search over a forward's parts (ssd_forward.forward_parts): each part's
     chunk_cumsum and fwd_pass_state run, then its compute_out signature, where this call has not
     searched it yet, is searched with `search_fn(stream, launch_of, choices)` (search's
-    signature) and its best choice recorded for device `key`."""
+    signature) on the arrays' device and current stream, and its best choice recorded for
+    device `key`."""
     from kernels.ssd_forward import forward_launches
-    stream = _current_stream(backend)
     results = {}
-    for part in parts:
-        for kernel, grid, args in forward_launches(**part)[:-1]:
-            backend.launch(kernel, grid, args)
-        arrays = tuple(part[n] for n in ("x", "B", "C", "dt_out", "dA_cumsum", "chunk_states",
-                                          "D", "z", "seg", "y"))
-        signature = compute_out_signature(*arrays)
-        if signature in results:
-            continue
-        result = search_fn(stream, lambda c, arrays=arrays, part=part: compute_out_launch(
-            *arrays, part["sm_count"], choice=c), compute_out_choices(*arrays))
-        record(key, signature, result.best.config)
-        results[signature] = result
+    with _on_device(backend):
+        stream = _current_stream(backend)
+        for part in parts:
+            for kernel, grid, args in forward_launches(**part)[:-1]:
+                backend.launch(kernel, grid, args)
+            arrays = tuple(part[n] for n in ("x", "B", "C", "dt_out", "dA_cumsum",
+                                              "chunk_states", "D", "z", "seg", "y"))
+            signature = compute_out_signature(*arrays)
+            if signature in results:
+                continue
+            result = search_fn(stream, lambda c, arrays=arrays, part=part: compute_out_launch(
+                *arrays, part["sm_count"], choice=c), compute_out_choices(*arrays))
+            record(key, signature, result.best.config)
+            results[signature] = result
     return results
+
+
+def _on_device(backend):
+    """The arrays' device as the current one (the search takes the current stream)."""
+    if backend.kind == "cupy":
+        import cupy
+        return cupy.cuda.Device(backend.device)
+    if backend.kind == "torch":
+        import torch
+        return torch.cuda.device(backend.device)
+    return contextlib.nullcontext()
 
 
 def _current_stream(backend):

@@ -9,7 +9,7 @@ import pytest
 
 import reference as R
 from contract import Dims
-from kernels import interpreter, ssd_forward, tuning
+from kernels import compute_out, interpreter, ssd_forward, tuning
 from kernels.arrays import backend_of
 from kernels.compute_out import (_KERNELS, Choice, compute_out_choices, compute_out_launch,
                                  compute_out_signature, layout_as)
@@ -109,24 +109,44 @@ def test_a_tuned_choice_overrides_the_rules_but_not_layout_as():
                                                                             False, 2]
 
 
-def test_a_choice_that_cannot_run_is_refused():
-    arrays = stand_ins(Dims(1, 512, 8, 64, 1, 64, 256), "float32", seq_idx=True)
-    with pytest.raises(ValueError, match="choice: .* cannot run here"):
-        compute_out_launch(*arrays, H200_SMS, choice=Choice("whole_chunks", 1, 2))
+@pytest.mark.parametrize("choice", [
+    Choice("whole_chunks", 1, 2),  # seq_idx: token blocks only
+    Choice("token_blocks", 4, 2),  # 4 heads would span two groups of 2
+    Choice("token_blocks", 3, 2),  # not a power of two
+    Choice("token_blocks", 1, 3),  # no such occupancy hint
+], ids=["whole_chunks_with_seq_idx", "heads_across_groups", "three_heads", "occupancy_3"])
+def test_a_choice_that_cannot_run_is_refused(choice):
+    """Given or tuned (from a file of another version, say): never launched silently wrong."""
+    arrays = stand_ins(Dims(1, 512, 8, 64, 4, 64, 256), "float32", seq_idx=True)
+    with pytest.raises(ValueError, match=r"^choice: .* is not one that compute_out can run"):
+        compute_out_launch(*arrays, H200_SMS, choice=choice)
+    tuned = {compute_out_signature(*arrays): choice}
+    with pytest.raises(ValueError, match=r"^tuned choice: .* is not one that compute_out can"):
+        compute_out_launch(*arrays, H200_SMS, tuned)
+
+
+COMPUTE_OUT_ARRAYS = ("x", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "D", "z", "seg", "y")
+
+
+def _parts(kw: dict, parts: int) -> list[dict]:
+    """ssd_forward's forward_parts for make_inputs' `kw` (D, no other option) in `parts` slices,
+    outputs NaN-filled."""
+    dims = Dims(SMALL.batch, SMALL.seqlen, SMALL.nheads, SMALL.headdim, SMALL.ngroups,
+                SMALL.dstate, SMALL.chunk_size)
+    outputs = [np.full(dims.shape(n), np.nan, np.float32)
+               for n in ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")]
+    return forward_parts(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], kw["D"], None, None,
+                         None, None, False, (0.0, np.inf), *outputs, 1, parts)
 
 
 def test_tune_parts_searches_each_signature_once_and_ssd_forward_takes_it(request):
     """The search flow on the interpreter with a stand-in search: compute_out's inputs are
     computed before it searches (finite), two batch slices of one signature are searched once,
-    the pick is recorded for the device, and the forward then launches it and stays correct."""
+    the pick is recorded for the device, and the forward's launches then take it (the wiring
+    test below runs such a forward)."""
     kw = make_inputs(SMALL)
     backend = backend_of(x=kw["x"])
-    dims = Dims(SMALL.batch, SMALL.seqlen, SMALL.nheads, SMALL.headdim, SMALL.ngroups,
-                SMALL.dstate, SMALL.chunk_size)
-    outputs = {n: np.full(dims.shape(n), np.nan, np.float32)
-               for n in ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")}
-    parts = forward_parts(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], kw["D"], None, None,
-                          None, None, False, (0.0, np.inf), *outputs.values(), 1, 2)
+    parts = _parts(kw, 2)
     searched = []
 
     def search(stream, launch_of, choices):
@@ -141,8 +161,7 @@ def test_tune_parts_searches_each_signature_once_and_ssd_forward_takes_it(reques
     (signature,) = results
     table = tuning._table("test device")
     assert table == {signature: Choice("whole_chunks", 2, 2)}
-    part = forward_parts(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], kw["D"], None, None, None,
-                         None, False, (0.0, np.inf), *outputs.values(), 1, 2)[0]
+    part = _parts(kw, 2)[0]
     assert forward_launches(**part)[-1][0] is not _KERNELS["whole_chunks", False, 2]
     assert forward_launches(**part, tuned=table)[-1][0] is _KERNELS["whole_chunks", False, 2]
 
@@ -172,29 +191,147 @@ def test_tune_forward_needs_gpu_arrays():
         tuning.tune_forward(**kw)
 
 
-@pytest.mark.gpu
-def test_tune_forward_on_the_gpu_then_ssd_forward_takes_the_choice(request):
-    """cuda.tile.tune's search on the GPU: the best of the small shape's choices is recorded for
-    this device, and ssd_forward then launches it and matches the float64 reference."""
+RULES = Choice("token_blocks", 2, 2)  # what the rules run for SMALL (any SM count)
+OTHER = Choice("whole_chunks", 1, 1)  # a choice they never make for it
+
+
+def _small_reference(kw: dict):
+    y_ref, _ = R.ssd_chunked(**kw)
+    return y_ref, forward_bounds(Problem(**kw))
+
+
+def test_ssd_forward_and_compute_out_launch_the_tuned_choice(monkeypatch, request):
+    """The wiring: with a tuned choice in the device's table (the interpreter made to have one),
+    ssd_forward and compute_out launch it instead of the rules', and y stays within bounds."""
     from shapes import recorded_launches
     kw = make_inputs(SMALL)
-    gpu = on_backend("gpu", kw)
+    with recorded_launches() as launches:
+        ssd_forward(**kw)
+    assert launch_arg(launches[-1][1], launches[-1][2], "HEADS") == RULES.heads
+    tables = {}
+    monkeypatch.setattr(tuning, "table", lambda backend: tables)
+    for parts in (1, 2):  # the whole batch's signature, and its slices'
+        for part in _parts(kw, parts):
+            tables[compute_out_signature(*(part[n] for n in COMPUTE_OUT_ARRAYS))] = OTHER
+    inputs = _stage_inputs(SMALL)
+    y_ref, b = _small_reference(kw)
+    for parts in (1, 2):
+        with batch_parts_as(parts), recorded_launches() as launches:
+            y = ssd_forward(**kw)
+        assert [n for n, _, _ in launches].count("_compute_out_chunk_kernel") == parts
+        assert all(k is _KERNELS[OTHER.layout, False, OTHER.occupancy] for n, k, _ in launches
+                   if n == "_compute_out_chunk_kernel")
+        check_within("y", y, y_ref, b.M, b.kappa_y, f"{request.node.name}[{parts}]", b.extra_y)
+    with recorded_launches() as launches:
+        y = compute_out(**{k: v for k, v in inputs.items()})
+    assert [n for n, _, _ in launches] == ["_compute_out_chunk_kernel"]
+    check_within("y", y, R.compute_out_ref(**inputs), R.compute_out_magnitude(**inputs), KAPPA,
+                 request.node.name)
+
+
+def test_search_hands_exhaustive_search_grid_kernel_and_args(monkeypatch):
+    """tuning.search through a stand-in exhaustive_search that launches each choice as the real
+    one would (its grid, kernel and args functions) on the interpreter: every choice runs and
+    writes every element of y; the fastest stand-in time wins."""
+    import cuda.tile.tune
+    inputs = _stage_inputs(SMALL)
+    arrays = tuple(inputs[n] for n in ("x", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "D",
+                                       "z"))
+    y = np.full_like(inputs["x"], np.nan)
+    ran = []
+
+    def exhaustive_search(space, stream, grid_fn, kernel, args_fn, hints_fn=None, **options):
+        assert options == {"quiet": True} and hints_fn is None
+        for c in space:
+            y[...] = np.nan
+            interpreter.launch(grid_fn(c), kernel(c), args_fn(c))
+            assert not np.isnan(y).any(), c
+            ran.append(c)
+        return SimpleNamespace(best=SimpleNamespace(config=space[len(space) // 2]))
+
+    monkeypatch.setattr(cuda.tile.tune, "exhaustive_search", exhaustive_search)
+    choices = compute_out_choices(*arrays, None, y)
+    result = tuning.search(None, lambda c: compute_out_launch(*arrays, None, y, 1, choice=c),
+                           choices)
+    assert ran == choices and result.best.config == choices[4]
+
+
+def test_device_key_holds_the_device_and_the_cuda_tile_version(monkeypatch):
+    monkeypatch.setattr(tuning, "_device_name", lambda kind, device: f"GPU {device}")
+    key = tuning.device_key("cupy", 1, 132)
+    assert key.startswith("GPU 1 | 132 SMs | cuda-tile ")
+    gpu = SimpleNamespace(kind="cupy", device=1, sm_count=132)
+    tuning.record(key, ("float32", 1), Choice("token_blocks", 1, 1))
+    assert tuning.table(gpu) == {("float32", 1): Choice("token_blocks", 1, 1)}
+    monkeypatch.setattr(tuning.ct, "__version__", "0.0.0")
+    assert tuning.device_key("cupy", 1, 132) != key
+    assert tuning.table(gpu) == {}  # another cuda-tile version: nothing tuned
+
+
+def test_tuning_file_is_read_once_and_a_bad_one_fails_each_time(tmp_path, monkeypatch):
+    path = tmp_path / "choices.json"
+    monkeypatch.setenv(tuning.ENV, str(path))
+    tuning.record("device A", ("float32", 1), Choice("token_blocks", 1, 1))
+    tuning.forget()
+    reads = []
+    read = tuning._read
+    monkeypatch.setattr(tuning, "_read", lambda p: reads.append(p) or read(p))
+    for _ in range(3):
+        assert tuning._table("device A") == {("float32", 1): Choice("token_blocks", 1, 1)}
+    assert len(reads) == 1
+    path.write_text("{")
+    tuning.forget()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="is not a tuning file"):
+            tuning._table("device A")
+
+
+def test_tuning_file_keeps_what_another_process_wrote(tmp_path, monkeypatch):
+    path = tmp_path / "choices.json"
+    monkeypatch.setenv(tuning.ENV, str(path))
+    tuning.record("device A", ("float32", 1), Choice("token_blocks", 1, 1))
+    tuning.forget()  # another process: it read the file before the first one wrote again
+    tuning._table("device A")
+    path.write_text(json.dumps({"format": tuning.FORMAT, "tables": {"device B": [
+        {"signature": ["float32", 2], "choice": ["whole_chunks", 2, 2]}]}}))
+    tuning.record("device A", ("float32", 3), Choice("token_blocks", 2, 1))
+    tuning.forget()
+    assert tuning._table("device B") == {("float32", 2): Choice("whole_chunks", 2, 2)}
+    assert tuning._table("device A") == {("float32", 1): Choice("token_blocks", 1, 1),
+                                         ("float32", 3): Choice("token_blocks", 2, 1)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["gpu", "torch"])
+def test_tune_forward_on_the_gpu_then_ssd_forward_takes_the_choice(kind, request):
+    """cuda.tile.tune's search on the GPU (CuPy arrays, or torch tensors on torch's stream): the
+    best of the small shape's eight choices is recorded for this device; ssd_forward then
+    launches a recorded choice (the best, then one the rules never make) and matches the
+    float64 reference."""
+    from shapes import recorded_launches
+    if kind == "torch":
+        pytest.importorskip("torch")
+    kw = make_inputs(SMALL)
+    gpu = on_backend(kind, kw)
+    y_ref, b = _small_reference(kw)
     with batch_parts_as(1):
         results = tuning.tune_forward(**gpu)
         (signature, result), = results.items()
-        assert result.best.config in compute_out_choices(*stand_ins(
+        choices = compute_out_choices(*stand_ins(
             Dims(SMALL.batch, SMALL.seqlen, SMALL.nheads, SMALL.headdim, SMALL.ngroups,
                  SMALL.dstate, SMALL.chunk_size), "float32"))
+        assert len(result.successes) == len(choices) and not result.failures
         table = tuning.table(backend_of(x=gpu["x"]))
-        assert table[signature] == result.best.config
-        with recorded_launches() as launches:
-            y = ssd_forward(**gpu)
-    kernel, args = launches[-1][1], launches[-1][2]
-    assert kernel is _KERNELS[result.best.config.layout, False, result.best.config.occupancy]
-    assert launch_arg(kernel, args, "HEADS") == result.best.config.heads
-    y_ref, _ = R.ssd_chunked(**kw)
-    b = forward_bounds(Problem(**kw))
-    check_within("y", y, y_ref, b.M, b.kappa_y, request.node.name, b.extra_y)
+        assert table == {signature: result.best.config}
+        for choice in (result.best.config, OTHER):
+            table[signature] = choice
+            with recorded_launches() as launches:
+                y = ssd_forward(**gpu)
+            kernel, args = launches[-1][1], launches[-1][2]
+            assert kernel is _KERNELS[choice.layout, False, choice.occupancy]
+            assert launch_arg(kernel, args, "HEADS") == choice.heads
+            check_within("y", y, y_ref, b.M, b.kappa_y, f"{request.node.name}[{choice}]",
+                         b.extra_y)
 
 
 def test_tuning_file_holds_json(tmp_path, monkeypatch):
@@ -202,5 +339,5 @@ def test_tuning_file_holds_json(tmp_path, monkeypatch):
     path = tmp_path / "choices.json"
     monkeypatch.setenv(tuning.ENV, str(path))
     tuning.record("device A", ("float32", 1), Choice("whole_chunks", 2, 1))
-    assert json.loads(path.read_text()) == {"tables": {"device A": [
+    assert json.loads(path.read_text()) == {"format": tuning.FORMAT, "tables": {"device A": [
         {"signature": ["float32", 1], "choice": ["whole_chunks", 2, 1]}]}}
