@@ -94,6 +94,21 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     were checked once before; bad values are then the caller's responsibility (shapes and dtypes
     are still checked).
     """
+    backend, parts, y, final_states = prepare_forward(
+        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit)
+    table = tuning.table(backend)
+    plan = [forward_launches(**part, tuned=table) for part in parts]
+    if check_values:
+        check_vector_values(A, D=D, dt_bias=dt_bias)
+    backend.launch_parts(plan)
+    return (y, final_states) if return_final_states else y
+
+
+def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                    dt_softplus, dt_limit):
+    """(backend, forward_parts, y, final_states): ssd_forward's arguments checked (all but the
+    values of A, D and dt_bias), made contiguous, its outputs allocated, the batch sliced
+    (batch_parts)."""
     backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
@@ -106,23 +121,17 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     dt, A, D, dt_bias, initial_states = (
         backend.contiguous_float32(a) for a in (dt, A, D, dt_bias, initial_states))
     seg = backend.segment_ids(seq_idx)
-
-    dt_out = backend.empty(dims.shape("dt_out"))
-    dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
-    chunk_states = backend.empty(dims.shape("chunk_states"))
-    final_states = backend.empty(dims.shape("final_states"))
+    dt_out, dA_cumsum, chunk_states, final_states = (
+        backend.empty(dims.shape(n)) for n in ("dt_out", "dA_cumsum", "chunk_states",
+                                               "final_states"))
     y = backend.empty(dims.shape("y"), like=x)
-    plan = forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
-                        dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y,
-                        backend.sm_count,
-                        batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
-                                    [n for n, a in (("z", z), ("initial_states", initial_states),
-                                                    ("seq_idx", seq_idx)) if a is not None]),
-                        tuning.table(backend))
-    if check_values:
-        check_vector_values(A, D=D, dt_bias=dt_bias)
-    backend.launch_parts(plan)
-    return (y, final_states) if return_final_states else y
+    given = [n for n, a in (("z", z), ("initial_states", initial_states), ("seq_idx", seq_idx))
+             if a is not None]
+    parts = forward_parts(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
+                          dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y,
+                          backend.sm_count, batch_parts(dims, backend.kind, x.dtype.itemsize,
+                                                        backend.sm_count, given))
+    return backend, parts, y, final_states
 
 
 def forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,

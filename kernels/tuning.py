@@ -30,8 +30,8 @@ from pathlib import Path
 
 import cuda.tile as ct
 
-from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values
-from kernels.arrays import backend_of, check_grid
+from contract import check_vector_values
+from kernels.arrays import backend_of
 from kernels.compute_out import (Choice, compute_out_choices, compute_out_launch,
                                  compute_out_signature)
 
@@ -152,32 +152,14 @@ def tune_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initi
     return {signature: cuda.tile.tune.TuningResult}. Arguments are checked as ssd_forward checks
     them; the search runs the forward's first two kernels to give compute_out real inputs, then
     times each choice (compiling it first: seconds per choice on a first run)."""
-    from kernels.ssd_forward import batch_parts, forward_parts
-    backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                         initial_states=initial_states, seq_idx=seq_idx)
-    if backend.kind == "numpy":
+    from kernels.ssd_forward import prepare_forward
+    if backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                  initial_states=initial_states, seq_idx=seq_idx).kind == "numpy":
         raise TypeError("x: tune_forward times kernels on the GPU: pass CuPy arrays or torch "
                         "CUDA tensors, got NumPy arrays")
-    dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
-                              initial_states=initial_states, seq_idx=seq_idx, dt_limit=dt_limit,
-                              float_dtypes=("float32",), activation_dtypes=ACTIVATION_DTYPES,
-                              check_values=False)
-    dt_limit = check_dt_limit(dt_limit)
-    check_grid(dims.batch, dims.nheads)
+    backend, parts, _, _ = prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias,
+                                           initial_states, seq_idx, dt_softplus, dt_limit)
     check_vector_values(A, D=D, dt_bias=dt_bias)
-    x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
-    dt, A, D, dt_bias, initial_states = (
-        backend.contiguous_float32(a) for a in (dt, A, D, dt_bias, initial_states))
-    seg = backend.segment_ids(seq_idx)
-    outputs = [backend.empty(dims.shape(n)) for n in
-               ("dt_out", "dA_cumsum", "chunk_states", "final_states")]
-    y = backend.empty(dims.shape("y"), like=x)
-    given = [n for n, a in (("z", z), ("initial_states", initial_states), ("seq_idx", seq_idx))
-             if a is not None]
-    parts = forward_parts(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
-                          dt_limit, *outputs, y, backend.sm_count,
-                          batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
-                                      given))
     return tune_parts(backend, device_key(backend.kind, backend.device, backend.sm_count), parts,
                       search)
 
