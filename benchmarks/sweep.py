@@ -3,6 +3,7 @@
     python -m benchmarks.sweep [--rows mamba2_2p7b,chunk_64] [--reps 20] [--json out.json]
     python -m benchmarks.sweep --forward [--rows ...]
     python -m benchmarks.sweep --ablate [--rows ...]
+    python -m benchmarks.sweep --tune [--rows ...]
     python -m benchmarks.sweep --candidate compute_out=path/to/compute_out.py [--only launcher]
 
 --ablate times variants that leave one stage of a kernel out (wrong results by design, `rel`
@@ -13,6 +14,9 @@ committed one, e.g. a rewrite under review; its output is compared with the comm
 --forward times ssd_forward itself (D, final states) with check_values=True (the default: A, D
 read on the host, a synchronisation inside the timed span) and check_values=False, the latter
 also with the batch whole and in two slices: GPU time behind a prefill, and host time per call.
+
+--tune runs kernels.tune_forward on each row (D on, float32) and prints every compute_out choice
+with its mean time as cuda.tile.tune measured it, the fastest marked, and the rules' choice.
 
 Each variant is a kernel module (kernels/compute_out.py or kernels/fwd_pass_state.py) loaded
 from a copy of its source with textual edits applied (e.g. a `latency=` hint on a load) and
@@ -298,6 +302,39 @@ def time_forward(name, reps, flush, results):
               f"starved {starved}/{reps}", flush=True)
 
 
+def tune_row(name, results):
+    """kernels.tune_forward on row `name` (CuPy, float32, D): each launch signature's choices
+    with cuda.tile.tune's mean time and 95 % margin, fastest first; the one the launchers' rules
+    take is marked `rules`, the fastest `best`, a choice that failed (to compile) `FAILED`."""
+    import kernels
+    from kernels.compute_out import compute_out_signature, rules_choice
+    from kernels.ssd_forward import prepare_forward
+    config = ANCHORS[name]
+    inp = row_inputs(config)
+    args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], config[-1], inp["D"], None, None,
+            None, None, False, (0.0, math.inf))
+    _, parts, _, _ = prepare_forward(*args)
+    rules = {}  # signature -> the rules' choice
+    for part in parts:
+        arrays = [part[n] for n in ("x", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "D",
+                                    "z", "seg", "y")]
+        signature = compute_out_signature(*arrays)
+        rules[signature] = rules_choice(part["x"], part["B"], part["dt_out"], None,
+                                        signature[-1], part["sm_count"])
+    found = kernels.tune_forward(*args[:6], D=inp["D"])
+    for signature, result in found.items():
+        for m in sorted(result.successes, key=lambda m: m.mean_us):
+            marks = " ".join(t for t, on in (("best", m.config == result.best.config),
+                                             ("rules", m.config == rules[signature])) if on)
+            print(f"{name:12s} {str(tuple(m.config)):32s} {m.mean_us:9.1f} +- "
+                  f"{m.error_margin_us:5.1f} us  {marks}", flush=True)
+            results.append(dict(row=name, signature=list(signature), choice=list(m.config),
+                                us=m.mean_us, margin_us=m.error_margin_us, marks=marks))
+        for choice, error, message in result.failures:
+            print(f"{name:12s} {str(tuple(choice)):32s} FAILED {error.__name__}: "
+                  f"{message.splitlines()[0][:120]}", flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", default=",".join(DEFAULT_ROWS))
@@ -305,6 +342,8 @@ def main(argv=None):
     p.add_argument("--only", default="", help="comma-separated variant tags (plus the default)")
     p.add_argument("--forward", action="store_true",
                    help="time ssd_forward: checks on / off, batch whole / in two slices")
+    p.add_argument("--tune", action="store_true",
+                   help="tune_forward on each row: every compute_out choice's time")
     p.add_argument("--ablate", action="store_true",
                    help="the committed kernels and their ablations instead of the variants")
     p.add_argument("--candidate", action="append", default=[], metavar="MODULE=FILE",
@@ -324,7 +363,9 @@ def main(argv=None):
     only = set(filter(None, a.only.split(",")))
     with tempfile.TemporaryDirectory() as d:
         for name in a.rows.split(","):
-            if a.forward:
+            if a.tune:
+                tune_row(name, results)
+            elif a.forward:
                 time_forward(name, a.reps, flush, results)
             else:
                 sweep_row(name, a.reps, flush, Path(d), results, only, lists)

@@ -399,6 +399,21 @@ def compute_out_choices(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) 
     return [Choice(lay, h, occ) for lay in layouts for h in heads for occ in TUNED_OCCUPANCIES]
 
 
+def rules_choice(x, B, dt_out, seg, int64: bool, sm_count) -> Choice:
+    """The choice of the launcher's rules (MAX_HEADS, layout(), OCCUPANCY: measured on the
+    H200), layout_as's override included; `int64`: the launch's index width."""
+    batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
+    chunk_size, block_t, block_p, dstate_tile = _tiles(x, B, dt_out)
+    max_heads = MAX_HEADS if chunk_size > block_t and dtype_name(x) == "float32" else 1
+    heads = heads_per_program(nheads // int(B.shape[2]), max_heads)
+    chunk_programs = -(-seqlen // chunk_size) * -(-headdim // block_p) * (nheads // heads) * batch
+    # the program per chunk: float32, int32 indices and no seq_idx only (_compute_out_chunk)
+    runs = (_whole_chunks_run(x, seg, int64)
+            and layout(chunk_size, block_t, dstate_tile, heads, chunk_programs,
+                       sm_count) == "whole_chunks")
+    return Choice("whole_chunks" if runs else "token_blocks", heads, OCCUPANCY)
+
+
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count,
                        tuned=None, choice: Choice | None = None):
     """(kernel, grid, kernel args) of compute_out: the one place its program layout, its tiles,
@@ -408,8 +423,8 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
     signatures from here too (the rules' choices; a tuned choice compiles where it is searched).
     `seg` is the (batch, seqlen) int32 segment ids, or None; `sm_count`: the device's SMs. The
     choice is `choice` where given, else the device's tuned choice for this signature where
-    `tuned` (a mapping, kernels.tuning.table) has one and layout_as forces none, else the rules
-    below; a given or tuned choice must be one of compute_out_choices.
+    `tuned` (a mapping, kernels.tuning.table) has one and layout_as forces none, else the rules'
+    (rules_choice); a given or tuned choice must be one of compute_out_choices.
     """
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
     chunk_size, block_t, block_p, dstate_tile = _tiles(x, B, dt_out)
@@ -425,16 +440,8 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
         raise ValueError(f"{'choice' if given else 'tuned choice'}: {choice} is not one that "
                          f"compute_out can run on this shape ({compute_out_choices.__name__}); "
                          f"a tuning file of another version? (kernels.tuning)")
-    if choice is None:  # the rules
-        max_heads = MAX_HEADS if chunk_size > block_t and dtype_name(x) == "float32" else 1
-        heads = heads_per_program(nheads // int(B.shape[2]), max_heads)
-        chunk_programs = (-(-seqlen // chunk_size) * -(-headdim // block_p) * (nheads // heads)
-                          * batch)
-        # the program per chunk: float32, int32 indices and no seq_idx only (_compute_out_chunk)
-        runs = (_whole_chunks_run(x, seg, int64)
-                and layout(chunk_size, block_t, dstate_tile, heads, chunk_programs,
-                           sm_count) == "whole_chunks")
-        choice = Choice("whole_chunks" if runs else "token_blocks", heads, OCCUPANCY)
+    if choice is None:
+        choice = rules_choice(x, B, dt_out, seg, int64, sm_count)
     kernel = _KERNELS[choice.layout, int64, choice.occupancy]
     tiles = (chunk_size, block_t, block_p, dstate_tile, choice.heads)
     if choice.layout == "whole_chunks":
