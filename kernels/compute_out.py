@@ -372,11 +372,20 @@ def _whole_chunks_run(x, seg, int64: bool) -> bool:
     return dtype_name(x) == "float32" and seg is None and not int64
 
 
+def _int64(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> bool:
+    """The launch's index width (kernels.arrays.needs_int64 of every array it passes)."""
+    return needs_int64(*_arrays(x, B, C, dt_out, dA_cumsum, chunk_states, D, z), y, seg)
+
+
 def compute_out_signature(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> tuple:
     """What a launch's choice may depend on: the dtype, the dimensions, the options and the index
     width (the key of a tuned choice, kernels.tuning)."""
+    return _signature(x, B, dt_out, D, z, seg,
+                      _int64(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y))
+
+
+def _signature(x, B, dt_out, D, z, seg, int64: bool) -> tuple:
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
-    int64 = needs_int64(*_arrays(x, B, C, dt_out, dA_cumsum, chunk_states, D, z), y, seg)
     return (dtype_name(x), batch, seqlen, nheads, headdim, int(B.shape[2]), int(B.shape[3]),
             int(dt_out.shape[3]), D is not None, D is not None and len(D.shape) == 2,
             z is not None, seg is not None, int64)
@@ -388,8 +397,12 @@ def compute_out_choices(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) 
     tile of at most WHOLE_CHUNK_DSTATE; each power of two of a group's heads up to MAX_HEADS, one
     where a chunk is a single token block (tileiras 13.4 fails several there, see MAX_HEADS);
     each occupancy hint of TUNED_OCCUPANCIES."""
+    return _choices(x, B, dt_out, seg,
+                    _int64(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y))
+
+
+def _choices(x, B, dt_out, seg, int64: bool) -> list[Choice]:
     chunk_size, block_t, _, dstate_tile = _tiles(x, B, dt_out)
-    int64 = compute_out_signature(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y)[-1]
     layouts = ["token_blocks"]
     if _whole_chunks_run(x, seg, int64) and dstate_tile <= WHOLE_CHUNK_DSTATE:
         layouts.append("whole_chunks")
@@ -433,10 +446,8 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
     int64 = needs_int64(*arrays, y, seg)
     given = choice is not None
     if not given and tuned and _LAYOUT is None:
-        choice = tuned.get(compute_out_signature(x, B, C, dt_out, dA_cumsum, chunk_states, D, z,
-                                                 seg, y))
-    if choice is not None and choice not in compute_out_choices(x, B, C, dt_out, dA_cumsum,
-                                                                chunk_states, D, z, seg, y):
+        choice = tuned.get(_signature(x, B, dt_out, D, z, seg, int64))
+    if choice is not None and choice not in _choices(x, B, dt_out, seg, int64):
         raise ValueError(f"{'choice' if given else 'tuned choice'}: {choice} is not one that "
                          f"compute_out can run on this shape ({compute_out_choices.__name__}); "
                          f"a tuning file of another version? (kernels.tuning)")
