@@ -135,10 +135,10 @@ def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
 
 
 def forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
-                 dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, parts, tuned=None):
-    """The launches of one forward as `parts` slices of the batch: [forward_launches of each]
-    (forward_parts). `tuned`: compute_out's tuned choices (kernels.tuning.table), or None."""
-    return [forward_launches(**part, tuned=tuned) for part in forward_parts(
+                 dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, parts):
+    """The launches of one forward as `parts` slices of the batch, by the launchers' rules:
+    [forward_launches of each] (forward_parts)."""
+    return [forward_launches(**part) for part in forward_parts(
         x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit, dt_out,
         dA_cumsum, chunk_states, final_states, y, sm_count, parts)]
 
