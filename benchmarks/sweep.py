@@ -308,7 +308,7 @@ def tune_row(name, results):
     take is marked `rules`, the fastest `best`, a choice that failed (to compile) `FAILED`."""
     import kernels
     from kernels.compute_out import compute_out_signature, rules_choice
-    from kernels.ssd_forward import prepare_forward
+    from kernels.ssd_forward import compute_out_arrays, prepare_forward
     config = ANCHORS[name]
     inp = row_inputs(config)
     args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], config[-1], inp["D"], None, None,
@@ -316,9 +316,7 @@ def tune_row(name, results):
     _, parts, _, _ = prepare_forward(*args)
     rules = {}  # signature -> the rules' choice
     for part in parts:
-        arrays = [part[n] for n in ("x", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "D",
-                                    "z", "seg", "y")]
-        signature = compute_out_signature(*arrays)
+        signature = compute_out_signature(*compute_out_arrays(part))
         rules[signature] = rules_choice(part["x"], part["B"], part["dt_out"], None,
                                         signature[-1], part["sm_count"])
     found = kernels.tune_forward(*args[:6], D=inp["D"])

@@ -166,6 +166,13 @@ def forward_parts(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplu
     return out
 
 
+def compute_out_arrays(part: dict) -> tuple:
+    """compute_out_launch's arrays (x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) of a
+    part of forward_parts."""
+    return tuple(part[n] for n in ("x", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "D",
+                                   "z", "seg", "y"))
+
+
 def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
                      dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, tuned=None):
     """The launches of one forward, in order: [(kernel, grid, args)].

@@ -170,15 +170,14 @@ def tune_parts(backend, key: str, parts: list[dict], search_fn) -> dict:
     searched it yet, is searched with `search_fn(stream, launch_of, choices)` (search's
     signature) on the arrays' device and current stream, and its best choice recorded for
     device `key`."""
-    from kernels.ssd_forward import forward_launches
+    from kernels.ssd_forward import compute_out_arrays, forward_launches
     results = {}
     with _on_device(backend):
         stream = _current_stream(backend)
         for part in parts:
             for kernel, grid, args in forward_launches(**part)[:-1]:
                 backend.launch(kernel, grid, args)
-            arrays = tuple(part[n] for n in ("x", "B", "C", "dt_out", "dA_cumsum",
-                                              "chunk_states", "D", "z", "seg", "y"))
+            arrays = compute_out_arrays(part)
             signature = compute_out_signature(*arrays)
             if signature in results:
                 continue

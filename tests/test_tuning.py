@@ -13,7 +13,8 @@ from kernels import compute_out, interpreter, ssd_forward, tuning
 from kernels.arrays import backend_of
 from kernels.compute_out import (_KERNELS, Choice, compute_out_choices, compute_out_launch,
                                  compute_out_signature, layout_as)
-from kernels.ssd_forward import batch_parts_as, forward_launches, forward_parts
+from kernels.ssd_forward import (batch_parts_as, compute_out_arrays, forward_launches,
+                                 forward_parts)
 from properties.bounds import KAPPA
 from properties.checks import forward_bounds
 from properties.strategies import Problem
@@ -125,9 +126,6 @@ def test_a_choice_that_cannot_run_is_refused(choice):
         compute_out_launch(*arrays, H200_SMS, tuned)
 
 
-COMPUTE_OUT_ARRAYS = ("x", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "D", "z", "seg", "y")
-
-
 def _parts(kw: dict, parts: int) -> list[dict]:
     """ssd_forward's forward_parts for make_inputs' `kw` (D, no other option) in `parts` slices,
     outputs NaN-filled."""
@@ -212,7 +210,7 @@ def test_ssd_forward_and_compute_out_launch_the_tuned_choice(monkeypatch, reques
     monkeypatch.setattr(tuning, "table", lambda backend: tables)
     for parts in (1, 2):  # the whole batch's signature, and its slices'
         for part in _parts(kw, parts):
-            tables[compute_out_signature(*(part[n] for n in COMPUTE_OUT_ARRAYS))] = OTHER
+            tables[compute_out_signature(*compute_out_arrays(part))] = OTHER
     inputs = _stage_inputs(SMALL)
     y_ref, b = _small_reference(kw)
     for parts in (1, 2):
