@@ -155,16 +155,31 @@ class Backend:
         if self.kind == "numpy":
             from kernels import interpreter
             interpreter.launch(grid, kernel, args)
-        elif self.kind == "cupy":
-            import cupy
-            with cupy.cuda.Device(self.device):
-                ct.launch(cupy.cuda.get_current_stream() if stream is None else stream, grid,
-                          kernel, args)
         else:
+            with self.on_device():
+                ct.launch(self.current_stream() if stream is None else stream, grid, kernel,
+                          args)
+
+    def on_device(self):
+        """A context in which the arrays' device is the current one (none for the
+        interpreter)."""
+        if self.kind == "cupy":
+            import cupy
+            return cupy.cuda.Device(self.device)
+        if self.kind == "torch":
             import torch
-            with torch.cuda.device(self.device):
-                ct.launch(torch.cuda.current_stream() if stream is None else stream, grid,
-                          kernel, args)
+            return torch.cuda.device(self.device)
+        return contextlib.nullcontext()
+
+    def current_stream(self):
+        """The caller's current stream (of the current device; None for the interpreter)."""
+        if self.kind == "cupy":
+            import cupy
+            return cupy.cuda.get_current_stream()
+        if self.kind == "torch":
+            import torch
+            return torch.cuda.current_stream()
+        return None
 
     def launch_parts(self, parts: list[list[tuple]]):
         """Run independent lists of launches [(kernel, grid, args)], each in its order: the first
@@ -180,16 +195,14 @@ class Backend:
             return
         if self.kind == "cupy":
             import cupy
-            device, current, event = cupy.cuda.Device(self.device), cupy.cuda.get_current_stream, (
-                lambda: cupy.cuda.Event(disable_timing=True))
+            event = lambda: cupy.cuda.Event(disable_timing=True)  # noqa: E731
             handle = lambda stream: stream.ptr  # noqa: E731
         else:
             import torch
-            device, current, event = torch.cuda.device(self.device), torch.cuda.current_stream, (
-                lambda: torch.cuda.Event())
+            event = lambda: torch.cuda.Event()  # noqa: E731
             handle = lambda stream: stream.cuda_stream  # noqa: E731
-        with device:
-            main = current()
+        with self.on_device():
+            main = self.current_stream()
             fork = event()
             fork.record(main)
             joins = []

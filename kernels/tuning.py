@@ -172,8 +172,8 @@ def tune_parts(backend, key: str, parts: list[dict], search_fn) -> dict:
     device `key`."""
     from kernels.ssd_forward import compute_out_arrays, forward_launches
     results = {}
-    with _on_device(backend):
-        stream = _current_stream(backend)
+    with backend.on_device():
+        stream = backend.current_stream()
         for part in parts:
             for kernel, grid, args in forward_launches(**part)[:-1]:
                 backend.launch(kernel, grid, args)
@@ -186,25 +186,3 @@ def tune_parts(backend, key: str, parts: list[dict], search_fn) -> dict:
             record(key, signature, result.best.config)
             results[signature] = result
     return results
-
-
-def _on_device(backend):
-    """The arrays' device as the current one (the search takes the current stream)."""
-    if backend.kind == "cupy":
-        import cupy
-        return cupy.cuda.Device(backend.device)
-    if backend.kind == "torch":
-        import torch
-        return torch.cuda.device(backend.device)
-    return contextlib.nullcontext()
-
-
-def _current_stream(backend):
-    """The stream a search times on: the caller's current one (None for the interpreter)."""
-    if backend.kind == "cupy":
-        import cupy
-        return cupy.cuda.get_current_stream()
-    if backend.kind == "torch":
-        import torch
-        return torch.cuda.current_stream()
-    return None
