@@ -149,8 +149,9 @@ def main(argv=None) -> int:
                         help="the same for a latency (the default call, host time included; "
                              f"default {LATENCY_THRESHOLD})")
     parser.add_argument("--retry", action="append", default=[], metavar="RETRY.json",
-                        help="a later run of regressed latency rows (repeatable): such a row "
-                             "passes when it is within its threshold in one of them")
+                        help="a later run of regressed latency rows, from the current run's "
+                             "commit (repeatable): such a row is judged by the median of its "
+                             "runs")
     args = parser.parse_args(argv)
     for name in ("threshold", "latency_threshold"):
         if not getattr(args, name) >= 0.0:
