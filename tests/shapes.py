@@ -159,7 +159,12 @@ def on_backend(backend: str, arrays: dict) -> dict:
 
 
 def to_numpy(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else np.asarray(a)
+    """A host copy of a NumPy array, a CuPy array or a torch tensor (on any device)."""
+    if hasattr(a, "get"):  # CuPy
+        return a.get()
+    if hasattr(a, "detach"):  # torch: numpy() refuses CUDA tensors
+        return a.detach().cpu().numpy()
+    return np.asarray(a)
 
 
 def check_within(name: str, got, ref, M, kappa: float, test_id: str, extra=0.0):
