@@ -67,7 +67,7 @@ _LAYOUT: str | None = None  # layout_as's override
 def layout_as(name: str):
     """Within the block, compute_out runs the programs of layout `name` whatever the shape (except
     that narrow inputs, seq_idx and arrays of 2^31 elements or more always take token blocks):
-    tests and properties run both layouts on any shape."""
+    tests run both layouts on any shape."""
     global _LAYOUT
     if name not in LAYOUTS:
         raise ValueError(f"layout: {name!r} is not one of {LAYOUTS}")
@@ -465,10 +465,12 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
 
 
 def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_idx=None, *,
-                check_values=True):
+                check_values=True, choice: Choice | None = None):
     """y, (batch, seqlen, nheads, headdim) in x's dtype, of the caller's array type:
     carried-state term + (C B^T o L)(dt x) + D x, then the z gate. x, B, C, z: float32, bfloat16
-    or float16, all alike; the rest float32. `check_values=False`: as in ssd_forward."""
+    or float16, all alike; the rest float32. `check_values=False`: as in ssd_forward.
+    `choice`: the Choice to launch (one of compute_out_choices for these arrays, else a
+    ValueError before any launch) instead of the device's tuned one or the rules'."""
     backend = backend_of(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum,
                          chunk_states=chunk_states, D=D, z=z, seq_idx=seq_idx)
     dims = check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, D=D, z=z,
@@ -483,7 +485,7 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     y = backend.empty(dims.shape("y"), like=x)
     from kernels import tuning  # imports this module
     launch = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y,
-                                backend.sm_count, tuning.table(backend))
+                                backend.sm_count, tuning.table(backend), choice)
     if check_values and D is not None:  # last before the launch, as in ssd_forward
         check_vector_values(D=D)
     backend.launch(*launch)

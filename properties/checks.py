@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from kernels.arrays import outputs_filled_with, sm_count_as
-from kernels.compute_out import LAYOUTS, layout_as
+from kernels.compute_out import OCCUPANCY, TUNED_OCCUPANCIES, compute_out_choices
 from kernels.fwd_pass_state import MODE_SM_COUNTS, modes
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
@@ -315,9 +315,10 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
 
 
 def compute_out_alone(p: Problem, backend: str) -> dict:
-    """compute_out alone (fp32-exact dt_out, dA_cumsum, chunk_states), in both program layouts (a
-    program per token block; per chunk, the state carried through its token blocks: the shape
-    picks one, layout_as forces each): y within kappa('compute_out') u M."""
+    """compute_out alone (fp32-exact dt_out, dA_cumsum, chunk_states) in every choice it can run
+    on the shape (compute_out_choices: each program layout and number of heads per program that
+    the rules or a tuned table may launch), at the occupancy hint the example draws: y within
+    kappa('compute_out') u M."""
     d = p.dims
     dt_out, dA, states = _exact_upstream(p)
     args = (p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx)
@@ -325,12 +326,16 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
     M = R.compute_out_magnitude(*args)
     bound = tf32_bound(M, kappa("compute_out", d.seqlen, d.chunk_size, d.dstate))
     floor = _floor(p, dt_out, states)
+    # a stored reproducer without the parameter runs at the launcher's hint
+    occupancy = p.params.get("occupancy", OCCUPANCY)
+    # seq_idx stands in for its segment ids and x for y: the choices read shapes and dtypes
+    choices = [c for c in compute_out_choices(*args, p.x) if c.occupancy == occupancy]
     metrics = []
-    for layout in LAYOUTS:
-        with layout_as(layout):
-            y = _call(compute_out, backend, *args)
-        metrics.append(check_close(f"compute_out ({layout}) y", y, y_ref, bound + floor, M, p,
-                                   floor=floor))
+    for choice in choices:
+        y = _call(compute_out, backend, *args, choice=choice)
+        metrics.append(check_close(
+            f"compute_out ({choice.layout}, {choice.heads} heads, occupancy {occupancy}) y", y,
+            y_ref, bound + floor, M, p, floor=floor))
     return _merge(*metrics)
 
 
@@ -547,7 +552,11 @@ PROPERTIES = {prop.name: prop for prop in [
     # half the examples where the carried state matters as much as each chunk's increment
     Property("fwd_pass_state_alone", fwd_pass_state_alone,
              lambda: st.one_of(problems(), problems(carried=True))),
-    Property("compute_out_alone", compute_out_alone, lambda: problems()),
+    # half the examples where a program may take several heads of a group, in either layout
+    # (the program per chunk runs without seq_idx only)
+    Property("compute_out_alone", compute_out_alone, lambda: _with(
+        st.one_of(problems(), problems(shared_heads=True, segments=False)),
+        occupancy=lambda p: st.sampled_from(TUNED_OCCUPANCIES))),
     Property("causal_prefix", causal_prefix, lambda: _with(
         problems(min_seqlen=2), t=lambda p: st.integers(0, p.dims.seqlen - 2),
         large=lambda p: st.booleans(), seed=_seeds)),

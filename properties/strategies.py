@@ -23,6 +23,9 @@ from properties.profiles import Caps, caps
 
 PRIMES = (2, 3, 5, 7, 11, 13, 17, 31, 61, 127, 251, 257, 509, 1021)
 DT_LIMITS = ((0.0, math.inf), (1e-3, math.inf), (0.0, 0.1), (1e-4, 1.0))
+# compute_out's token blocks are at most 64 tokens (kernels/compute_out.py, MAX_BLOCK_T): a chunk
+# of 128 holds two of them, the least for its programs over several heads
+SHARED_HEADS_MIN_CHUNK = 128
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ def _dims_upto(cap: int):
 def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
           ragged: bool | None = None, extreme: bool = False, gate: bool | None = None,
           initial_states: bool | None = None, min_seqlen: int = 1,
-          carried: bool = False):
+          carried: bool = False, shared_heads: bool = False):
     """A Spec within `limits` (default: the active profile's caps).
 
     `segments`, `gate`, `initial_states`: force the option on (True) or off (False); `ragged`:
@@ -147,18 +150,22 @@ def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
     fp32 edges; `carried`: two chunks or more, every head's decay over a chunk 10^0.25..10^1.25 (the
     state carried into a chunk is then of the order of the chunk's own increment, so an error in
     the carry alone, e.g. one token's decay, shows above the bound; elsewhere the carry is ~1 or
-    ~0). A chunk size whose two chunks exceed the caps is not drawn then.
+    ~0). A chunk size whose two chunks exceed the caps is not drawn then. `shared_heads`: two
+    heads or more per group and chunks of 128 tokens or more (two token blocks of compute_out
+    or more), where compute_out can run a program over several heads of a group.
     """
     c = limits or caps()
-    chunk_sizes = [q for q in c.chunk_sizes if not carried or q < c.seqlen]
+    chunk_sizes = [q for q in c.chunk_sizes if (not carried or q < c.seqlen)
+                   and (not shared_heads or q >= SHARED_HEADS_MIN_CHUNK)]
     chunk_size = draw(st.sampled_from(chunk_sizes))
     lo = max(min_seqlen, chunk_size + 1 if carried else 1)
     if ragged:
         seqlen = draw(_seqlens(c.seqlen, chunk_size, lo).filter(lambda n: n % chunk_size != 0))
     else:
         seqlen = draw(_seqlens(c.seqlen, chunk_size, lo))
-    ngroups = draw(st.integers(1, c.nheads))
-    nheads = ngroups * draw(st.integers(1, c.nheads // ngroups))
+    per_group = 2 if shared_heads else 1  # the fewest heads per group
+    ngroups = draw(st.integers(1, c.nheads // per_group))
+    nheads = ngroups * draw(st.integers(per_group, c.nheads // ngroups))
     n_segments = 1
     if segments is not False and seqlen > 1:
         n_segments = draw(st.integers(2, min(seqlen, 6))) if segments else \

@@ -126,6 +126,25 @@ def test_a_choice_that_cannot_run_is_refused(choice):
         compute_out_launch(*arrays, H200_SMS, tuned)
 
 
+def test_compute_out_launches_a_given_choice_and_refuses_one_it_cannot_run(request):
+    """compute_out(choice=...) (the property suite runs every choice through it): the given
+    choice is the one launched and matches the reference; one the shape cannot run raises
+    before any launch."""
+    from shapes import recorded_launches
+    inputs = _stage_inputs(SMALL)
+    y_ref = R.compute_out_ref(**inputs)
+    M = R.compute_out_magnitude(**inputs)
+    choice = Choice("whole_chunks", 2, 1)  # not the rules' on this shape
+    with recorded_launches() as launches:
+        y = compute_out(**inputs, choice=choice)
+    (_, kernel, args), = launches
+    assert kernel is _KERNELS["whole_chunks", False, 1] and launch_arg(kernel, args, "HEADS") == 2
+    check_within("y", y, y_ref, M, KAPPA, request.node.name)
+    with recorded_launches() as launches, pytest.raises(ValueError, match=r"^choice: "):
+        compute_out(**inputs, choice=Choice("token_blocks", 4, 2))  # more heads than MAX_HEADS
+    assert not launches
+
+
 def _parts(kw: dict, parts: int) -> list[dict]:
     """ssd_forward's forward_parts for make_inputs' `kw` (D, no other option) in `parts` slices,
     outputs NaN-filled."""
