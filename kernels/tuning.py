@@ -14,6 +14,11 @@ run on its shape is refused at launch (compute_out_launch). Choices are per laun
 where ssd_forward runs the batch as slices, per slice. layout_as (tests) overrides them. Only
 an explicit tune_forward call searches; ssd_forward and compute_out only look choices up. The
 interpreter (NumPy arrays) never uses a tuned choice.
+
+Tile sizes and latency hints are not among the choices: on the H200's anchor rows
+(benchmarks/NOTES.md runs 2-12) no other token-block size was faster at the adopted occupancy
+and latency hints were within 0.5 % or slower, so the launcher's tile rules (by chunk, dstate,
+headdim) stand and a search compiles at most eight kernels.
 """
 
 from __future__ import annotations
