@@ -15,10 +15,12 @@ where ssd_forward runs the batch as slices, per slice. layout_as (tests) overrid
 an explicit tune_forward call searches; ssd_forward and compute_out only look choices up. The
 interpreter (NumPy arrays) never uses a tuned choice.
 
-Tile sizes and latency hints are not among the choices: on the H200's anchor rows
-(benchmarks/NOTES.md runs 2-12) no other token-block size was faster at the adopted occupancy
-and latency hints were within 0.5 % or slower, so the launcher's tile rules (by chunk, dstate,
-headdim) stand and a search compiles at most eight kernels.
+Tile sizes and latency hints are not among the choices, so a search compiles at most eight
+kernels: on the H200 (benchmarks/NOTES.md runs 2-12, the program per token block) no other
+token-block size was faster on the anchor rows at the adopted occupancy, and latency hints were
+within 0.5 % or slower on three of them; on the program per chunk (runs 21-22) 32-token
+blocks were slower than 64 on four of the five anchor rows, and on the fifth slower than the
+program per token block the launcher takes there.
 """
 
 from __future__ import annotations

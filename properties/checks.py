@@ -330,6 +330,9 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
     occupancy = p.params.get("occupancy", OCCUPANCY)
     # seq_idx stands in for its segment ids and x for y: the choices read shapes and dtypes
     choices = [c for c in compute_out_choices(*args, p.x) if c.occupancy == occupancy]
+    if not choices:  # a property that checked nothing must not pass
+        raise ValueError(f"compute_out_alone: no choice at occupancy {occupancy!r} "
+                         f"(TUNED_OCCUPANCIES {TUNED_OCCUPANCIES})\n  {p.describe()}")
     metrics = []
     for choice in choices:
         y = _call(compute_out, backend, *args, choice=choice)
@@ -552,8 +555,8 @@ PROPERTIES = {prop.name: prop for prop in [
     # half the examples where the carried state matters as much as each chunk's increment
     Property("fwd_pass_state_alone", fwd_pass_state_alone,
              lambda: st.one_of(problems(), problems(carried=True))),
-    # half the examples where a program may take several heads of a group, in either layout
-    # (the program per chunk runs without seq_idx only)
+    # half the examples with several heads per group (two per program where their count is
+    # even), in either layout (the program per chunk runs without seq_idx only)
     Property("compute_out_alone", compute_out_alone, lambda: _with(
         st.one_of(problems(), problems(shared_heads=True, segments=False)),
         occupancy=lambda p: st.sampled_from(TUNED_OCCUPANCIES))),

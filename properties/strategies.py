@@ -19,13 +19,14 @@ from hypothesis import strategies as st
 
 import reference as R
 from contract import Dims
+from kernels.compute_out import MAX_BLOCK_T
 from properties.profiles import Caps, caps
 
 PRIMES = (2, 3, 5, 7, 11, 13, 17, 31, 61, 127, 251, 257, 509, 1021)
 DT_LIMITS = ((0.0, math.inf), (1e-3, math.inf), (0.0, 0.1), (1e-4, 1.0))
-# compute_out's token blocks are at most 64 tokens (kernels/compute_out.py, MAX_BLOCK_T): a chunk
-# of 128 holds two of them, the least for its programs over several heads
-SHARED_HEADS_MIN_CHUNK = 128
+# the least chunk that holds two of compute_out's token blocks (MAX_BLOCK_T tokens at most), which
+# its programs over several heads of a group need
+SHARED_HEADS_MIN_CHUNK = 2 * MAX_BLOCK_T
 
 
 @dataclass(frozen=True)
@@ -151,19 +152,23 @@ def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
     state carried into a chunk is then of the order of the chunk's own increment, so an error in
     the carry alone, e.g. one token's decay, shows above the bound; elsewhere the carry is ~1 or
     ~0). A chunk size whose two chunks exceed the caps is not drawn then. `shared_heads`: two
-    heads or more per group and chunks of 128 tokens or more (two token blocks of compute_out
-    or more), where compute_out can run a program over several heads of a group.
+    heads or more per group and chunks of SHARED_HEADS_MIN_CHUNK tokens or more, where compute_out
+    can run a program over several heads of a group (a power of two that divides the group's
+    heads: an odd count still runs one head per program).
     """
     c = limits or caps()
     chunk_sizes = [q for q in c.chunk_sizes if (not carried or q < c.seqlen)
                    and (not shared_heads or q >= SHARED_HEADS_MIN_CHUNK)]
+    per_group = 2 if shared_heads else 1  # the fewest heads per group
+    if not chunk_sizes or c.nheads < per_group:
+        raise ValueError(f"specs: the caps {c} hold no problem with carried={carried}, "
+                         f"shared_heads={shared_heads}")
     chunk_size = draw(st.sampled_from(chunk_sizes))
     lo = max(min_seqlen, chunk_size + 1 if carried else 1)
     if ragged:
         seqlen = draw(_seqlens(c.seqlen, chunk_size, lo).filter(lambda n: n % chunk_size != 0))
     else:
         seqlen = draw(_seqlens(c.seqlen, chunk_size, lo))
-    per_group = 2 if shared_heads else 1  # the fewest heads per group
     ngroups = draw(st.integers(1, c.nheads // per_group))
     nheads = ngroups * draw(st.integers(per_group, c.nheads // ngroups))
     n_segments = 1

@@ -2,6 +2,7 @@
 profile is the one loaded under CI, reproducers round-trip, the fuzzer's reproducer of a planted
 bug replays (and fails only with the bug), and (slow, ~10 min) every mutant is killed."""
 
+import dataclasses
 import json
 import math
 import os
@@ -17,7 +18,9 @@ from hypothesis import given, settings
 import reference as R
 from properties import mutants
 from properties.profiles import caps
-from properties.strategies import Problem, Spec, problem, specs
+from kernels.compute_out import compute_out_choices
+from properties.checks import compute_out_alone
+from properties.strategies import SHARED_HEADS_MIN_CHUNK, Problem, Spec, problem, specs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,6 +47,40 @@ def test_carried_specs_hold_moderate_decays_over_two_chunks(spec):
     chunk_decay = dt_max * np.abs(p.A) * p.chunk_size
     assert np.all(chunk_decay <= 10.0 ** 1.25 * (1 + 1e-5))
     assert np.all(chunk_decay[dt_max > 0] >= 10.0 ** (0.25 - 0.5) * (1 - 1e-5))
+
+
+@settings(max_examples=50, derandomize=True, database=None)
+@given(spec=specs(shared_heads=True, segments=False))
+def test_shared_heads_specs_let_compute_out_take_several_heads(spec):
+    """specs(shared_heads=True): two heads or more per group and chunks of two token blocks or
+    more, so compute_out_alone runs its programs over two heads wherever the count is even."""
+    assert spec.nheads // spec.ngroups >= 2 and spec.nheads % spec.ngroups == 0
+    assert spec.chunk_size >= SHARED_HEADS_MIN_CHUNK and spec.segments == 1
+    p = problem(spec)
+    d = p.dims
+    upstream = (np.empty(d.shape(n), np.float32) for n in ("dt_out", "dA_cumsum", "chunk_states"))
+    choices = compute_out_choices(p.x, p.B, p.C, *upstream, p.D, p.z, None, p.x)
+    assert any(c.heads == 2 for c in choices) == ((spec.nheads // spec.ngroups) % 2 == 0)
+
+
+def test_specs_refuse_caps_that_hold_no_problem():
+    @settings(max_examples=1, database=None)
+    @given(spec=specs(dataclasses.replace(caps(), nheads=1), shared_heads=True))
+    def draw(spec):
+        pass
+    with pytest.raises(ValueError, match="hold no problem with carried=False, shared_heads=True"):
+        draw()
+
+
+def test_compute_out_alone_refuses_to_check_nothing():
+    """An occupancy hint outside the choices (a stale reproducer, say) leaves no choice to run:
+    the property fails instead of passing on nothing."""
+    p = problem(Spec(batch=1, seqlen=20, nheads=2, ngroups=1, headdim=4, dstate=4, chunk_size=16,
+                     D=None, z=False, dt_mode="plain", dt_bias=False, dt_limit=(0.0, math.inf),
+                     initial_states=False, segments=1, decay=0.0, decay_spread=0.0,
+                     scales=(0.0, 0.0, 0.0), tails=0.0, seed=1))
+    with pytest.raises(ValueError, match="no choice at occupancy 3"):
+        compute_out_alone(p.replace(params={"occupancy": 3}), "interpreter")
 
 
 def test_drifted_mutant_fails_loudly(tmp_path):
