@@ -50,12 +50,13 @@ def test_carried_specs_hold_moderate_decays_over_two_chunks(spec):
 
 
 @settings(max_examples=50, derandomize=True, database=None)
-@given(spec=specs(shared_heads=True, segments=False))
+@given(spec=specs(shared_heads=True, segments=False, carried=True))
 def test_shared_heads_specs_let_compute_out_take_several_heads(spec):
-    """specs(shared_heads=True): two heads or more per group and chunks of two token blocks or
-    more, so compute_out_alone runs its programs over two heads wherever the count is even."""
+    """specs(shared_heads=True), as compute_out_alone draws it (no seq_idx, carried decays): two
+    heads or more per group, chunks of two token blocks or more and two chunks or more, so its
+    programs run over two heads wherever the count is even, in either layout."""
     assert spec.nheads // spec.ngroups >= 2 and spec.nheads % spec.ngroups == 0
-    assert spec.chunk_size >= SHARED_HEADS_MIN_CHUNK and spec.segments == 1
+    assert SHARED_HEADS_MIN_CHUNK <= spec.chunk_size < spec.seqlen and spec.segments == 1
     p = problem(spec)
     d = p.dims
     upstream = (np.empty(d.shape(n), np.float32) for n in ("dt_out", "dA_cumsum", "chunk_states"))
