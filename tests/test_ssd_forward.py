@@ -104,8 +104,8 @@ def test_torch_cuda_tensors_in_torch_tensors_out_on_the_current_stream():
         y, f = ssd_forward(**tkw, return_final_states=True)
     stream.synchronize()
     assert isinstance(y, torch.Tensor) and y.is_cuda and y.dtype == torch.float32
-    assert np.array_equal(y.cpu().numpy(), want_y)
-    assert np.array_equal(f.cpu().numpy(), want_f)
+    assert np.array_equal(to_numpy(y), want_y)
+    assert np.array_equal(to_numpy(f), want_f)
 
 
 # batch slices (kernels.ssd_forward.BATCH_PARTS): every option, batch 3 so that a split is uneven
@@ -172,7 +172,7 @@ def test_batch_slices_in_torch_on_its_current_stream():
     with torch.cuda.stream(stream), batch_parts_as(2):
         y = ssd_forward(**tkw)
     stream.synchronize()
-    assert isinstance(y, torch.Tensor) and np.array_equal(y.cpu().numpy(), want)
+    assert isinstance(y, torch.Tensor) and np.array_equal(to_numpy(y), want)
 
 
 @pytest.mark.parametrize("dims, itemsize, kind, given, parts", [
