@@ -527,6 +527,11 @@ def _with(strategy, **params):
     return draw_case()
 
 
+# the launcher's own hint first: Hypothesis draws a sampled_from's first element most often (the
+# ci examples: 83 of 100 against 17), and the rules launch every kernel at that hint
+_OCCUPANCIES = (OCCUPANCY, *(o for o in TUNED_OCCUPANCIES if o != OCCUPANCY))
+
+
 def _seeds(p):
     return st.integers(0, 2**32 - 1)
 
@@ -561,7 +566,7 @@ PROPERTIES = {prop.name: prop for prop in [
     # block's own term (carried=True), so an error in that carry shows above the bound
     Property("compute_out_alone", compute_out_alone, lambda: _with(
         st.one_of(problems(), problems(shared_heads=True, segments=False, carried=True)),
-        occupancy=lambda p: st.sampled_from(TUNED_OCCUPANCIES))),
+        occupancy=lambda p: st.sampled_from(_OCCUPANCIES))),
     Property("causal_prefix", causal_prefix, lambda: _with(
         problems(min_seqlen=2), t=lambda p: st.integers(0, p.dims.seqlen - 2),
         large=lambda p: st.booleans(), seed=_seeds)),
