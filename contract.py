@@ -120,9 +120,8 @@ def _activation(name, a, x, float_dtypes, activation_dtypes):
 
 def _host_vectors(*arrays) -> list[np.ndarray]:
     """Small vectors as float64 NumPy arrays: GPU arrays are copied to the host one by one as
-    they are (the first copy waits for the GPU's queue), then widened on the host. On the H200,
-    idle, two per-head cupy vectors took 28 us so, against 120 us widened and concatenated on
-    the device first (three small kernels before one copy; benchmarks/NOTES.md, run 17)."""
+    they are (the first copy waits for the GPU's queue), then widened on the host: cheaper than
+    three small kernels that widen and concatenate them on the device before one copy."""
     host = []
     for a in arrays:
         if hasattr(a, "get"):  # cupy

@@ -8,21 +8,16 @@ and each kernel; "cutile_nocheck": ssd_forward with check_values=False), matched
 (fullname). A gated benchmark regresses when its current median exceeds (1 + threshold) x its
 baseline median, where the threshold of a latency (`extra_info['timing'] == "latency"`: the
 default call, whose value read synchronises with the host, timed from an idle GPU with the
-host's whole call in it) is --latency-threshold: those moved by up to 25 % between two runs of
-the same code on the H200 (benchmarks/NOTES.md run 26: 2.7B row 1.571 / 1.400 ms, its no-read
-row 1.072 / 1.073), so a 10 % gate on them would fail at random, while a host path that got
-slower by half must not pass (run 29: the 8-group default call 0.72-0.80 -> 1.19 ms with batch
-slices whose GPU time had not changed).
+host's whole call in it) is --latency-threshold: latencies of unchanged code move by far more
+than GPU times between runs, so a 10 % gate on them would fail at random, while a host path that
+got slower by half must not pass (benchmarks/DECISIONS.md, "Benchmark method").
 
-A latency holds the host's Python, whose speed is the process's and the moment's: the same call
-took 0.25-0.37 ms of host time in five processes one after another (run 33), and one latency row
-of unchanged code moved +116 % between two runs (run 31: 1024 tokens 0.344 -> 0.744 ms, while
-the same run's bf16 row took 0.480). So a latency that regressed can be measured again in other
-processes (`--retry`: the JSON of a rerun of those rows, from the same commit; `python -m
-properties.gate` reruns them LATENCY_RETRIES times), and is then judged by the median of its
-medians over the current run and the retries that have it: one slow process does not fail the
-gate, one fast process does not pass a host path that got slower. GPU-time rows are not retried:
-their medians stayed within a few % between runs (run 31 against run 29: -6.2 .. +0.9 %).
+A latency holds the host's Python, whose speed is the process's and the moment's. So a latency
+that regressed can be measured again in other processes (`--retry`: the JSON of a rerun of those
+rows, from the same commit; `python -m properties.gate` reruns them LATENCY_RETRIES times), and
+is then judged by the median of its medians over the current run and the retries that have it:
+one slow process does not fail the gate, one fast process does not pass a host path that got
+slower. GPU-time rows are not retried: their medians stay within a few % between runs.
 
 A gated benchmark of the baseline that is missing from
 the current run (it failed, errored or was skipped) also fails the gate, and so does one timed
@@ -50,7 +45,7 @@ import sys
 
 # ours: ssd_forward as called by default and the kernels, ssd_forward without the value read
 OUR_IMPLS = ("cutile", "cutile_nocheck")
-LATENCY_THRESHOLD = 0.40  # above run 26's 25 % run-to-run moves, below run 29's +50-65 %
+LATENCY_THRESHOLD = 0.40  # above the run-to-run moves of unchanged code (DECISIONS.md)
 LATENCY_RETRIES = 2  # reruns of a regressed latency in fresh processes: a median of three
 FAILED = ("MISSING", "REGRESSION", "METHOD")  # how the status of a failed row starts
 

@@ -20,8 +20,8 @@ How a round is timed (`measure`):
 
 A call that synchronises with the host (ssd_forward as called by default reads A and D on the
 host before its first launch) starves whatever the prefill: the host waits for the prefill to
-drain in its read, and the span then holds the host's wake-up after that wait, which grew with
-the prefill (runs 24-25: rows whose kernels had not changed moved -11 % .. +91 %). Such a call
+drain in its read, and the span then holds the host's wake-up after that wait, which grows with
+the prefill (rows whose kernels had not changed moved by up to +91 %). Such a call
 is timed as a *latency* (`idle` given): each round's setup flushes L2 and waits until the GPU is
 idle, so E1 marks the moment the host starts the call and E1 -> E2 is what the caller waits for,
 from its first Python line to the last kernel's end (host checks, the read, the launches, the
@@ -120,7 +120,7 @@ def measure(benchmark, fn: Callable[[], Any], clock: GpuClock, flush: Callable[[
     With `idle` (for a call that synchronises with the host), each round starts from an idle GPU
     and its time is the call's latency: no prefill, no starved rounds counted; the median host
     time of the call (until it returns) is recorded too, as `host_ms`: the part of a latency
-    that moves with the host's speed (benchmarks/NOTES.md, run 33).
+    that moves with the host's speed.
     """
     state = {"prefill": 1, "starved": 0, "host_s": []}
 

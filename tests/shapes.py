@@ -169,7 +169,7 @@ def to_numpy(a) -> np.ndarray:
 
 def check_within(name: str, got, ref, M, kappa: float, test_id: str, extra=0.0):
     """Assert |got - ref| <= kappa * U_TF32 * M + extra per element (NaN fails), and log the
-    worst err / (U_TF32 * M) to $SSD_ERR_LOG when set (the GPU runs keep it in logs/).
+    worst err / (U_TF32 * M) to $SSD_ERR_LOG when set (a GPU run keeps it with its results).
 
     `extra`: the bounds module's terms outside the relative count (decay_term, ftz_floor)."""
     got = to_numpy(got).astype(np.float64)
