@@ -20,10 +20,8 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -840,61 +838,104 @@ def test_report_table_of_the_anchor_rows(tmp_path, capsys):
                      "0.010 (2 %)", "0.150 (38 %)", "0.250 (62 %)"]
 
 
-def _plot_json(path, with_data=True):
+PLOT_SCALES = {("cutile", "float32"): 0.3, ("cutile", "bfloat16"): 0.35,
+               ("cutile_nocheck", "float32"): 0.25, ("mamba_ssm", "float32"): 1.2,
+               ("torch", "float32"): 17.0}
+
+
+def _plot_benchmarks():
+    """ssd_forward sweep and anchor results of every (impl, dtype) in PLOT_SCALES, a kernel's
+    result (left out of the picture), and the default cutile forward timed as a latency."""
     benchmarks = []
-    for impl, scale in (("cutile", 0.3), ("cutile_nocheck", 0.25), ("mamba_ssm", 1.2),
-                        ("torch", 17.0)):
+    for (impl, dtype), scale in PLOT_SCALES.items():
+        timing = "latency" if impl == "cutile" else "gpu"
         for s in SWEEP_SEQLENS:
-            benchmarks.append({"extra_info": {"impl": impl, "op": "ssd_forward", "dtype": "float32",
-                                              "series": "sweep", "config": list(sweep_config(s))},
+            benchmarks.append({"extra_info": {"impl": impl, "op": "ssd_forward", "dtype": dtype,
+                                              "series": "sweep", "config": list(sweep_config(s)),
+                                              "timing": timing, "pct_of_floor": 10 / scale},
                                "stats": {"median": scale * s / 16384 * 1e-3}})
         for i, name in enumerate(ANCHORS, 1):
-            benchmarks.append({"extra_info": {"impl": impl, "op": "ssd_forward", "dtype": "float32",
-                                              "series": "anchor", "anchor": i,
+            benchmarks.append({"extra_info": {"impl": impl, "op": "ssd_forward", "dtype": dtype,
+                                              "series": "anchor", "anchor": i, "timing": timing,
                                               "config": list(ANCHORS[name])},
                                "stats": {"median": scale * (1 + i / 10) * 1e-3}})
-    if not with_data:
-        benchmarks = [dict(b, extra_info=dict(b["extra_info"], op="compute_out"))
-                      for b in benchmarks]
-    path.write_text(json.dumps({"benchmarks": benchmarks}))
-    return str(path)
+    benchmarks.append({"extra_info": {"impl": "cutile", "op": "compute_out", "dtype": "float32",
+                                      "series": "sweep", "config": list(sweep_config(1024))},
+                       "stats": {"median": 1.0}})
+    return benchmarks
 
 
-def _read_png(data: bytes):
-    """(width, height, pixels [h, w, 3]) of an 8-bit RGB PNG with filter-0 rows; CRCs checked."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, {}
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, kind
-        chunks[kind] = chunks.get(kind, b"") + body
-        pos += 12 + length
-    assert b"IEND" in chunks
-    w, h, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (depth, color) == (8, 2)
-    raw = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), np.uint8).reshape(h, 1 + 3 * w)
-    assert np.all(raw[:, 0] == 0)
-    return w, h, raw[:, 1:].reshape(h, w, 3)
+def test_plot_writes_a_png(tmp_path, capsys):
+    image = pytest.importorskip("matplotlib.image")
+    bench, out = tmp_path / "bench.json", tmp_path / "plot.png"
+    bench.write_text(json.dumps({"benchmarks": _plot_benchmarks()}))
+    assert plot.main([str(bench), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = image.imread(out)
+    height, width = pixels.shape[:2]
+    assert width >= 1000 and height >= 500
+    assert pixels[..., :3].std() > 0.05  # drawn on, not a blank canvas
+    assert f"wrote {out} ({width}x{height})" in capsys.readouterr().out
 
 
-def test_plot_writes_a_png_with_every_series(tmp_path):
-    out = tmp_path / "plot.png"
-    assert plot.main([_plot_json(tmp_path / "bench.json"), "-o", str(out)]) == 0
-    w, h, pixels = _read_png(out.read_bytes())
-    assert (w, h) == (plot.WIDTH, plot.HEIGHT)
-    for impl, color in plot.COLORS.items():
-        in_sweep = np.all(pixels[:, :plot.WIDTH // 2] == color, axis=-1).sum()
-        in_anchors = np.all(pixels[:, plot.WIDTH // 2:] == color, axis=-1).sum()
-        assert in_sweep > 300 and in_anchors > 5 * 81, impl  # a line of 5 points, 5 markers 9x9
+def test_plot_figure_panels():
+    """Time against seqlen (log-log) and on the anchor rows (log time), % of the floor against
+    seqlen; every (impl, dtype) a series in each panel and named in the one legend."""
+    pytest.importorskip("matplotlib")
+    fig = plot.figure(_plot_benchmarks())
+    try:
+        sweep, rows, floor = fig.axes
+        assert sweep.get_xscale() == sweep.get_yscale() == rows.get_yscale() == "log"
+        assert floor.get_xscale() == "log" and floor.get_yscale() == "linear"
+        assert "seqlen" in sweep.get_xlabel() and "seqlen" in floor.get_xlabel()
+        assert "ms" in sweep.get_ylabel() and "ms" in rows.get_ylabel()
+        assert "anchor row" in rows.get_xlabel()
+        assert "roofline floor" in floor.get_ylabel() and "roofline floor" in floor.get_title()
+        assert [t.get_text() for t in rows.get_xticklabels()] == [
+            f"{i}\n{name}" for i, name in enumerate(ANCHORS, 1)]
+        (legend,) = fig.legends
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert labels == sorted(f"{impl} {dtype}" + (" (latency)" if impl == "cutile" else "")
+                                for impl, dtype in PLOT_SCALES)
+        for ax in (sweep, rows, floor):
+            assert len(ax.get_lines()) == len(PLOT_SCALES)
+        by_label = {line.get_label(): line for line in sweep.get_lines()}
+        line = by_label["cutile_nocheck float32"]
+        assert list(line.get_xdata()) == list(SWEEP_SEQLENS)
+        assert np.allclose(line.get_ydata(), [0.25 * s / 16384 for s in SWEEP_SEQLENS])
+        pct = {line.get_label(): line.get_ydata() for line in floor.get_lines()}
+        assert np.allclose(pct["torch float32"], 10 / 17.0)
+        fp32, bf16 = by_label["cutile float32 (latency)"], by_label["cutile bfloat16 (latency)"]
+        assert fp32.get_color() == bf16.get_color()  # one colour per implementation,
+        assert fp32.get_linestyle() != bf16.get_linestyle()  # a line style per dtype
+        assert "ssd_forward" in fig.get_suptitle()
+    finally:
+        plot.pyplot().close(fig)
 
 
-def test_plot_refuses_json_without_ssd_forward_data(tmp_path, capsys):
-    out = tmp_path / "plot.png"
-    assert plot.main([_plot_json(tmp_path / "bench.json", with_data=False), "-o", str(out)]) == 2
+@pytest.mark.parametrize("text, message", [
+    ("", "is not JSON"),
+    ("[1, 2]", "no 'benchmarks' list"),
+    (json.dumps({"benchmarks": [b for b in _plot_benchmarks()
+                                if b["extra_info"]["op"] != "ssd_forward"]}), "no ssd_forward"),
+    (json.dumps({"benchmarks": [{"extra_info": {"op": "ssd_forward", "series": "sweep"}}]}),
+     "lacks 'stats'"),
+])
+def test_plot_refuses_bad_json(tmp_path, capsys, text, message):
+    bench, out = tmp_path / "bench.json", tmp_path / "plot.png"
+    bench.write_text(text)
+    assert plot.main([str(bench), "-o", str(out)]) == 2
     assert not out.exists()
-    assert "no ssd_forward" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+
+
+def test_plot_names_the_extra_without_matplotlib(tmp_path, capsys, monkeypatch):
+    bench, out = tmp_path / "bench.json", tmp_path / "plot.png"
+    bench.write_text(json.dumps({"benchmarks": _plot_benchmarks()}))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert plot.main([str(bench), "-o", str(out)]) == 2
+    assert not out.exists()
+    assert 'pip install -e ".[bench]"' in capsys.readouterr().err
 
 
 def test_torch_baseline_matches_the_reference():
