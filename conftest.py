@@ -1,12 +1,12 @@
 """Pytest set-up shared by every test: GPU detection, the backend option, markers."""
 
-import functools
 import math
 import os
 
 import pytest
 from hypothesis import settings
 
+from kernels.arrays import gpu_available
 from properties.profiles import caps, profile_name, register_profiles
 
 # Hypothesis profiles (properties/profiles.py): `dev` by default, `ci` where CI is set,
@@ -16,21 +16,11 @@ register_profiles()
 settings.load_profile(profile_name())
 
 
-@functools.cache
-def gpu_available() -> bool:
-    """True when a CUDA device can be used. getDeviceCount raises (not 0) without a driver."""
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
 @pytest.fixture
 def nan_filled_outputs():
     """Every output the launchers allocate is NaN before a kernel writes it, so an element no
     program writes cannot pass a comparison (NaN fails every bound and every equality)."""
-    from kernels.arrays import outputs_filled_with
+    from properties.checks import outputs_filled_with
     with outputs_filled_with(math.nan):
         yield
 
@@ -72,3 +62,4 @@ def pytest_configure(config):
 def pytest_report_header(config):
     return (f"hypothesis profile: {profile_name()} ({settings.default.max_examples} examples, "
             f"caps {caps()})")
+

@@ -1,38 +1,63 @@
-"""Tile-size / hint sweep of the cuTile kernels on the anchor rows (GPU only).
+"""Times the kernels' declared launch choices on the anchor rows (GPU only).
 
     python -m benchmarks.sweep [--rows mamba2_2p7b,chunk_64] [--reps 20] [--json out.json]
+    python -m benchmarks.sweep --all [--rows ...]
+    python -m benchmarks.sweep --only whole_chunks/h2/occ1/t64,h8 [--rows ...]
+    python -m benchmarks.sweep --ablate [--rows ...] [--only abl_no_exp2]
+    python -m benchmarks.sweep --candidate compute_out=path/to/compute_out.py [--rows ...]
     python -m benchmarks.sweep --forward [--rows ...]
-    python -m benchmarks.sweep --ablate [--rows ...]
     python -m benchmarks.sweep --tune [--rows ...]
-    python -m benchmarks.sweep --candidate compute_out=path/to/compute_out.py [--only launcher]
 
---ablate times variants that leave one stage of a kernel out (wrong results by design, `rel`
-says how wrong): the differences place the time inside the kernel without hardware counters.
---candidate times another source file of a kernel module (same launcher interface) beside the
-committed one, e.g. a rewrite under review; its output is compared with the committed kernel's.
+Rows are benchmarks.configs.ANCHORS (float32, D per head). Each kernel module declares the launch
+choices it can take, CHOICES (kernels/chunk_cumsum.py, fwd_pass_state.py, compute_out.py), and the
+one its rules pick for a shape and device, rules_choice; the sweep launches each choice by passing
+it to the kernel's launcher (`choice=`), so nothing is patched.
+
+Default: for each row and kernel (chunk_cumsum, fwd_pass_state, compute_out), the rules' choice
+(marked `rules`, timed first: the reference) and every declared choice one field away from it that
+the shape can run (compute_out: those in compute_out_choices; fwd_pass_state: those whose mode
+modes(chunk_size) allows). A choice that makes the same launches as one timed before it (a field
+the shape clamps or does not read, e.g. pass_block in order) is reported and not timed. `--all`
+times every choice the shape can run instead of the neighbours. `--only LABEL,...` times just those
+choices (any the shape can run) after the rules'; kernels it names no choice of are left out.
+Choices are labelled by their fields in order: `h16` (chunk_cumsum: block_h),
+`in_order/k128/p64/n128/occ2/pass32` (fwd_pass_state: mode, block_k, block_p, block_n, occupancy,
+"default" for the compiler's, pass_block), `whole_chunks/h2/occ2/t64` (compute_out: layout,
+heads, occupancy, block_t).
+
+Each choice's outputs are compared with the rules' choice's: rel = max |diff| / max |reference|
+(inf where a NaN appears; the outputs are NaN-filled before the launch; TF32 rounding moves them
+by ~1e-3), and timed with CUDA events, L2 flushed before every launch, median of --reps. The
+kernels' inputs come from the rules' kernels before them. A choice that fails to compile is
+printed as FAILED and recorded with its error.
+
+--ablate times the committed fwd_pass_state and compute_out beside copies of their source with
+one stage left out (text edits; wrong results by design, `rel` says how wrong), all with the
+rules' choice (compute_out with its program per token block, whose source the edits cut): the
+differences place the time inside the kernel without hardware counters.
+
+--candidate MODULE=FILE (repeatable) times FILE, another source of kernels/MODULE.py with the same
+launcher interface (e.g. a rewrite under review), right after the committed kernel's reference,
+launched without `choice=` (its own rules' choice); its outputs are compared with the reference.
 
 --forward times ssd_forward itself (D, final states) with check_values=True (the default: A, D
 read on the host, a synchronisation inside the timed span) and check_values=False, the latter
-also with the batch whole and in two slices: GPU time behind a prefill, and host time per call.
+also with batch_parts=1 and 2 (the batch whole and in two slices): the GPU time behind a prefill
+(rounds whose start the GPU reached before the host had enqueued them are counted as starved:
+their medians hold host time), and the median host time of a call enqueued on an idle GPU.
 
 --tune runs kernels.tune_forward on each row (D on, float32) and prints every compute_out choice
-with its mean time as cuda.tile.tune measured it, the fastest marked, and the rules' choice.
+with its mean time as cuda.tile.tune measured it, the fastest marked `best`, the rules' `rules`.
 
-Each variant is a kernel module (kernels/compute_out.py or kernels/fwd_pass_state.py) loaded
-from a copy of its source with textual edits applied (e.g. a `latency=` hint on a load) and
-module constants or functions overridden (the MAX_BLOCK_*, MAX_HEADS and WHOLE_CHUNK_K the
-launcher reads, compute_out's _LAYOUT to force a program layout, its needs_int64 to time the
-int64 object), plus compiler hints (`kernel.replace_hints(occupancy=...)`); a variant's
-"sm_count" replaces the device's SM count both launchers read. Every variant's output is
-compared with the default variant's (max |diff| / max |default|, TF32 noise is ~1e-3) and timed
-with CUDA events, L2 flushed before every launch, median of --reps launches. The kernels' inputs
-come from the default kernels before them. Prints one table; the notes (benchmarks/NOTES.md)
-keep the results.
+--json FILE writes every result (row, kernel, variant, choice, ms, rel, ...) as a JSON list. The
+measured reasons of the rules are kept in benchmarks/DECISIONS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
 import importlib.util
 import json
 import math
@@ -41,111 +66,247 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.configs import ANCHORS, row_inputs
+from benchmarks.configs import ANCHORS, dims_of, row_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 
-# launcher arguments a variant may set among its constants (the others are module constants):
-# the device's SM count, which both launchers read
-LAUNCH_ARGS = ("sm_count",)
-# each swept module's launcher: fwd_pass_state's returns its launches, compute_out's its launch
-LAUNCHERS = {"fwd_pass_state": "fwd_pass_state_launches", "compute_out": "compute_out_launch"}
-# (name, module constants, textual edits [(old, new, count)], compiler hints); the first of each
-# list is the code as committed (its output is the reference of the others). Hints replace the
-# ones of the kernel object the launcher chose for the row's shape; a variant without an occ
-# suffix keeps the launcher's occupancy.
-T128 = {"MAX_BLOCK_T": 128, "TILE_ELEMENTS": 16384}
-# int64 indexing: the kernel object for arrays of 2^31 elements or more, timed on the usual sizes
-INT64 = {"needs_int64": lambda *arrays: True}
-COMPUTE_OUT_VARIANTS = [
-    ("launcher", {}, [], {}),
-    ("int64", INT64, [], {}),
-    # the two program layouts, whatever the launcher picks for the row
-    ("token_blocks", {"_LAYOUT": "token_blocks"}, [], {}),
-    ("whole_chunks", {"_LAYOUT": "whole_chunks"}, [], {}),
-    ("occ1", {}, [], {"occupancy": 1}),
-    ("occ3", {}, [], {"occupancy": 3}),
-    ("occ4", {}, [], {"occupancy": 4}),
-    ("w8", {}, [], {"num_worker_warps": 8}),
-    ("T128_occ1", T128, [], {"occupancy": 1}),
-    ("T128_occ2", T128, [], {"occupancy": 2}),
-    ("T32", {"MAX_BLOCK_T": 32}, [], {}),
-    # heads of a group per program (C B^T formed once for them), where the launcher takes more
-    # than one (float32, chunks of several token blocks)
-    ("H1", {"MAX_HEADS": 1}, [], {}),
-    ("H4", {"MAX_HEADS": 4}, [], {}),
-    ("H4_occ1", {"MAX_HEADS": 4}, [], {"occupancy": 1}),
-    ("H4_T32", {"MAX_HEADS": 4, "MAX_BLOCK_T": 32}, [], {}),
-]
-FWD_PASS_STATE_VARIANTS = [
-    ("launcher", {}, [], {}),
-    ("int64", INT64, [], {}),
-    ("occ1", {}, [], {"occupancy": 1}),
-    ("occ2", {}, [], {"occupancy": 2}),
-    # the launcher's choice for a grid of fewer programs than SMs / of as many or more: the
-    # chunks in parallel then the pass / the chunks in order
-    ("small_grid", {"sm_count": 2**31}, [], {}),
-    ("large_grid", {"sm_count": 1}, [], {}),
-    ("K64", {"WHOLE_CHUNK_K": 64}, [], {}),  # chunk 128 as two products
-    ("N64", {"MAX_BLOCK_N": 64}, [], {}),
-    ("N64_occ2", {"MAX_BLOCK_N": 64}, [], {"occupancy": 2}),
-    ("P32", {"MAX_BLOCK_P": 32}, [], {}),
-    # the chunks in parallel: products of 64 tokens; the pass on larger slices
-    ("small_grid_K64", {"sm_count": 2**31, "WHOLE_CHUNK_K": 64}, [], {}),
-    ("small_grid_pass64", {"sm_count": 2**31, "PASS_BLOCK_P": 64, "PASS_BLOCK_N": 64}, [], {}),
-]
-# Ablations: (name, textual edits) that leave one stage out, timed beside the committed kernel.
-# compute_out (its program per token block, forced, the baseline too): the intra-chunk loop
-# (whole / diagonal block only), its exp2, its second product, the carried-state product.
-# fwd_pass_state: the chunk_states store of the chunks in order (where the launcher runs them in
-# parallel it leaves nothing out), the exp2 of the weights.
-COMPUTE_OUT_ABLATIONS = [
-    ("abl_no_intra", [("for j in range(i + 1):", "for j in range(0):", 1)]),
-    ("abl_diag_only", [("for j in range(i + 1):", "for j in range(i, i + 1):", 1)]),
-    ("abl_no_exp2", [("ct.exp2(ct.minimum(a_ts[k] - a_s, 0.0))",
-                      "ct.minimum(a_ts[k] - a_s, 0.0)", 1)]),
-    ("abl_no_x_mma", [("new_accs += (ct.mma(xsT, W, accs[k]),)",
-                       "new_accs += (accs[k] + W.astype(ct.float32) * xsT.astype(ct.float32),)",
-                       1)]),
-    ("abl_no_state_mma", [("acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))",
-                           "acc = ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32)", 1)]),
-]
-FWD_PASS_STATE_ABLATIONS = [
-    ("abl_no_chunk_store",
-     [("ct.store(chunk_states, (b, c, h, pb, nb),\n"
-       "                     ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))", "pass",
-       1)]),
-    ("abl_no_exp2", [("dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))",
-                      "dtk * ct.minimum(a_last - ak, 0.0)", 1)]),
-]
+KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")
+# a label's prefix of each of the kernel's Choice fields, in field order
+LABEL_PREFIXES = {
+    "chunk_cumsum": ("h",),  # block_h
+    "fwd_pass_state": ("", "k", "p", "n", "occ", "pass"),  # mode, block_k/p/n, occupancy, pass
+    "compute_out": ("", "h", "occ", "t"),  # layout, heads, occupancy, block_t
+}
+# each kernel's outputs (NaN-filled before every launch, compared with the reference's)
+OUTPUTS = {"chunk_cumsum": ("dt_out", "dA_cumsum"),
+           "fwd_pass_state": ("chunk_states", "final_states"),
+           "compute_out": ("y",)}
+# Ablations: (name, textual edits [(old, new, count)]) that leave one stage out, timed beside the
+# committed kernel; each edit must match the source exactly `count` times.
+# fwd_pass_state: the chunk_states store of the chunks in order (where the rules run the chunks
+# in parallel it leaves nothing out), the exp2 of the weights.
+# compute_out (its program per token block, forced by the choice): the intra-chunk loop (whole /
+# diagonal block only), its exp2, its second product, the carried-state product.
+ABLATIONS = {
+    "fwd_pass_state": [
+        ("abl_no_chunk_store", [
+            ("ct.store(chunk_states, (i_b, i_c, i_h, i_p, i_n),\n"
+             "                     ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))",
+             "pass", 1)]),
+        ("abl_no_exp2", [("dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))",
+                          "dtk * ct.minimum(a_last - ak, 0.0)", 1)]),
+    ],
+    "compute_out": [
+        ("abl_no_intra", [("for i_sc in range(i_tc + 1):", "for i_sc in range(0):", 1)]),
+        ("abl_diag_only", [("for i_sc in range(i_tc + 1):",
+                            "for i_sc in range(i_tc, i_tc + 1):", 1)]),
+        ("abl_no_exp2", [("ct.exp2(ct.minimum(a_ts[i_k] - a_s, 0.0))",
+                          "ct.minimum(a_ts[i_k] - a_s, 0.0)", 1)]),
+        ("abl_no_x_mma", [("new_accs += (ct.mma(xsT, W, accs[i_k]),)",
+                           "new_accs += (accs[i_k] + W.astype(ct.float32) * "
+                           "xsT.astype(ct.float32),)", 1)]),
+        ("abl_no_state_mma", [
+            ("acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))",
+             "acc = ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32)", 1)]),
+    ],
+}
 # rows whose kernel specializations differ: chunk 256 / dstate 128, chunk 64, chunk 128 / dstate 64
 DEFAULT_ROWS = ("mamba2_2p7b", "chunk_64", "groups_8")
 
 
-def load_variant(module: str, constants: dict, edits: list, tmpdir: Path, tag: str,
-                 source: Path | None = None):
-    """The kernel module `kernels/<module>.py` (or `source`) with edits and constants applied,
-    loaded anew."""
-    src = (source or REPO / "kernels" / f"{module}.py").read_text()
+def kernel_module(kernel: str):
+    """The committed module kernels/<kernel>.py."""
+    return importlib.import_module(f"kernels.{kernel}")
+
+
+# ---------------------------------------------------------------------------------------------
+# labels
+# ---------------------------------------------------------------------------------------------
+
+def label(kernel: str, choice) -> str:
+    """A choice's label: its fields in order, each behind its prefix (LABEL_PREFIXES), joined by
+    "/"; None (the compiler's occupancy) reads "default"."""
+    prefixes = LABEL_PREFIXES[kernel]
+    if len(choice) != len(prefixes):
+        raise ValueError(f"{kernel}: a choice has {len(prefixes)} fields, got {choice!r}")
+    return "/".join(f"{p}{'default' if v is None else v}" for p, v in zip(prefixes, choice))
+
+
+def labels() -> dict:
+    """{label: (kernel, Choice)} of every declared choice of the three kernels."""
+    found = {}
+    for kernel in KERNELS:
+        for choice in kernel_module(kernel).CHOICES:
+            name = label(kernel, choice)
+            if name in found:
+                raise ValueError(f"label {name!r}: {found[name]} and {(kernel, choice)}")
+            found[name] = (kernel, choice)
+    return found
+
+
+def choice_of(name: str) -> tuple:
+    """(kernel, Choice) of a label; ValueError naming the closest labels when none is declared."""
+    found = labels()
+    if name not in found:
+        close = difflib.get_close_matches(name, list(found), n=3, cutoff=0.5)
+        examples = [label(k, kernel_module(k).CHOICES[0]) for k in KERNELS]
+        raise ValueError(f"no declared choice is labelled {name!r} ("
+                         + (f"closest: {', '.join(close)}" if close else
+                            f"labels look like {', '.join(examples)}") + ")")
+    return found[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# the choices of a row: rules' first, then its neighbours (or all, or those asked for)
+# ---------------------------------------------------------------------------------------------
+
+class StandIn:
+    """A stand-in array for the launchers, which read only shapes and dtypes."""
+
+    def __init__(self, shape, dtype="float32"):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
+def stand_ins(config) -> dict:
+    """A row's arrays (as row_inputs draws them, and the kernels' outputs) as stand-ins."""
+    dims = dims_of(config)
+    names = ("x", "dt", "A", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
+    arrays = {n: StandIn(dims.shape(n)) for n in names}
+    arrays["D"] = StandIn((dims.nheads,))  # one skip weight per head, as row_inputs
+    return arrays
+
+
+def launches_of(kernel: str, mod, a: dict, sm_count, choice) -> list:
+    """[(kernel, grid, args)] of `kernel`'s launcher in module `mod` on arrays `a` (D on, no z,
+    no seq_idx, no initial states, no dt_bias or softplus), with `choice=choice`."""
+    if kernel == "chunk_cumsum":
+        return [mod.chunk_cumsum_launch(a["dt"], a["A"], None, a["dt_out"], a["dA_cumsum"],
+                                        False, (0.0, math.inf), choice=choice)]
+    if kernel == "fwd_pass_state":
+        return list(mod.fwd_pass_state_launches(a["x"], a["B"], a["dt_out"], a["dA_cumsum"], None,
+                                                None, a["chunk_states"], a["final_states"],
+                                                sm_count, choice=choice))
+    return [mod.compute_out_launch(*compute_out_arrays(a), sm_count, choice=choice)]
+
+
+def compute_out_arrays(a: dict) -> tuple:
+    """compute_out_launch's arrays (x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y)."""
+    return (a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], a["chunk_states"], a["D"], None,
+            None, a["y"])
+
+
+def rules_and_runnable(kernel: str, a: dict, sm_count) -> tuple:
+    """(the rules' choice, [the declared choices the shape can run]) of `kernel` on arrays `a`."""
+    mod = kernel_module(kernel)
+    if kernel == "chunk_cumsum":
+        return mod.rules_choice(), list(mod.CHOICES)
+    if kernel == "fwd_pass_state":
+        batch, _, nheads, headdim = a["x"].shape
+        dstate, chunk_size = a["B"].shape[3], a["dt_out"].shape[3]
+        rules = mod.rules_choice(batch, nheads, headdim, dstate, chunk_size, sm_count)
+        return rules, [c for c in mod.CHOICES if c.mode in mod.modes(chunk_size)]
+    arrays = compute_out_arrays(a)
+    int64 = mod.compute_out_signature(*arrays)[-1]
+    rules = mod.rules_choice(a["x"], a["B"], a["dt_out"], None, int64, sm_count)
+    return rules, mod.compute_out_choices(*arrays)
+
+
+def launch_key(launches: list) -> tuple:
+    """What makes two launch lists the same work: the kernel objects, grids and constants."""
+    return tuple((id(k), tuple(grid), tuple(None if hasattr(v, "shape") else v for v in args))
+                 for k, grid, args in launches)
+
+
+def fields_apart(c1, c2) -> int:
+    return sum(u != v for u, v in zip(c1, c2))
+
+
+def sweep_choices(kernel: str, config, sm_count, everything: bool = False,
+                  only=None) -> tuple[list, list]:
+    """([(label, Choice)] to time, the rules' first; [(label, label of the same launch)] left
+    out) of `kernel` on row `config` on a device of `sm_count` SMs: the rules' choice and the
+    runnable choices one field away from it, or every runnable choice (`everything`), or the
+    runnable ones whose label is in `only`; a choice whose launches equal an earlier one's is
+    left out."""
+    mod = kernel_module(kernel)
+    a = stand_ins(config)
+    rules, runnable = rules_and_runnable(kernel, a, sm_count)
+    if rules not in runnable:
+        raise RuntimeError(f"{kernel}: the rules' choice {rules} is not one the shape can run")
+    if only is not None:
+        picked = [c for c in runnable if label(kernel, c) in only]
+    elif everything:
+        picked = runnable
+    else:
+        picked = [c for c in runnable if fields_apart(c, rules) == 1]
+    timed, same, seen = [], [], {}
+    for choice in [rules] + [c for c in picked if c != rules]:
+        key = launch_key(launches_of(kernel, mod, a, sm_count, choice))
+        name = label(kernel, choice)
+        if key in seen:
+            same.append((name, seen[key]))
+            continue
+        seen[key] = name
+        timed.append((name, choice))
+    return timed, same
+
+
+def ablation_choice(kernel: str, rules):
+    """The choice the ablations (and their reference) launch: the rules', compute_out's with its
+    program per token block (the kernel the edits cut)."""
+    return rules._replace(layout="token_blocks") if kernel == "compute_out" else rules
+
+
+# ---------------------------------------------------------------------------------------------
+# module copies: ablations and candidates
+# ---------------------------------------------------------------------------------------------
+
+def load_variant(module: str, edits: list, tmpdir: Path, tag: str, source: Path | None = None):
+    """The kernel module `kernels/<module>.py` (or `source`) with textual edits [(old, new,
+    count)] applied (ValueError unless `old` matches exactly `count` times), loaded anew from a
+    copy in `tmpdir`."""
+    src = Path(source or REPO / "kernels" / f"{module}.py").read_text()
     for old, new, count in edits:
         n = src.count(old)
-        if n == 0 or (count is not None and n != count):
-            raise ValueError(f"{module} {tag}: edit {old!r} matches {n} times")
+        if n != count:
+            raise ValueError(f"{module} {tag}: edit {old!r} matches {n} times, not {count}")
         src = src.replace(old, new)
-    path = tmpdir / f"{module}_{tag}.py"
+    path = Path(tmpdir) / f"{module}_{tag}.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(f"sweep_{module}_{tag}", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
-    for k, v in constants.items():
-        if k in LAUNCH_ARGS:
-            continue
-        if not hasattr(mod, k):
-            raise ValueError(f"{module} has no constant {k}")
-        setattr(mod, k, v)
     return mod
 
+
+_LOADED: dict = {}  # (module, tag, source) -> the module copy, loaded once per process
+
+
+def loaded_variant(module: str, edits: list, tmpdir: Path, tag: str, source: Path | None = None):
+    """load_variant, once per (module, tag, source) in this process: its kernel objects (and so
+    their compiled code) serve every row."""
+    key = (module, tag, None if source is None else str(Path(source).resolve()))
+    if key not in _LOADED:
+        _LOADED[key] = load_variant(module, edits, tmpdir, tag, source)
+    return _LOADED[key]
+
+
+def relative_error(outputs, references) -> float:
+    """max |out - ref| / max |ref| over the pairs (NumPy or CuPy arrays); inf where an output
+    holds a NaN (or the references are all zero and an output is not)."""
+    rel = 0.0
+    for out, ref in zip(outputs, references):
+        if bool((out != out).any()):
+            return math.inf
+        diff, scale = float(abs(out - ref).max()), float(abs(ref).max())
+        rel = max(rel, diff / scale if scale else (0.0 if diff == 0 else math.inf))
+    return rel
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------------------
 
 def gpu_time(launch, reps: int, flush) -> float:
     """Median ms of `launch()` over `reps` rounds, L2 flushed before each."""
@@ -172,143 +333,149 @@ def fed_gpu_time(launch, reps: int, flush, prefill: int) -> tuple[float, int]:
     return times[len(times) // 2], starved
 
 
-def variant_lists(ablate: bool, candidates: dict) -> tuple:
-    """((module, [(tag, constants, edits, hints, source)]), ...): the tile / hint variants, or the
-    committed kernel and its ablations; each candidate file after the committed kernel."""
-    lists = []
-    for module, variants, ablations in (
-            ("fwd_pass_state", FWD_PASS_STATE_VARIANTS, FWD_PASS_STATE_ABLATIONS),
-            ("compute_out", COMPUTE_OUT_VARIANTS, COMPUTE_OUT_ABLATIONS)):
-        entries = [(*v, None) for v in variants]
-        if ablate:  # compute_out's ablations edit its program per token block, forced
-            forced = {"_LAYOUT": "token_blocks"} if module == "compute_out" else {}
-            tag, constants, edits, hints, source = entries[0]
-            entries = [(tag, {**constants, **forced}, edits, hints, source)] + [
-                (tag, forced, edits, {}, None) for tag, edits in ablations]
-        if module in candidates:
-            path = Path(candidates[module])
-            entries.insert(1, (f"file:{path.stem}", {}, [], {}, path))
-        lists.append((module, entries))
-    return tuple(lists)
+def row_arrays(name: str) -> tuple[dict, int]:
+    """(the row's inputs and the rules' chunk_cumsum / fwd_pass_state outputs, the device's SM
+    count) on the GPU."""
+    import cupy
+    import kernels
+    from kernels.arrays import backend_of
+    config = ANCHORS[name]
+    a = row_inputs(config)
+    a["dt_out"], a["dA_cumsum"] = kernels.chunk_cumsum(a["dt"], a["A"], config[-1])
+    a["chunk_states"], a["final_states"] = kernels.fwd_pass_state(a["x"], a["B"], a["dt_out"],
+                                                                  a["dA_cumsum"])
+    a["y"] = cupy.empty_like(a["x"])
+    cupy.cuda.runtime.deviceSynchronize()
+    return a, backend_of(x=a["x"]).sm_count
 
 
-def sweep_row(name, reps, flush, tmpdir, results, only=None, lists=()):
+def time_entries(name: str, kernel: str, entries: list, a: dict, sm_count, reps: int, flush,
+                 results: list):
+    """Time each entry (tag, module, choice, mark) of `kernel` on the row's arrays `a`: outputs
+    NaN-filled, launched, compared with the first entry that ran, timed."""
     import cupy
     import cuda.tile as ct
-    import kernels
-    from kernels.arrays import Backend
-    config = ANCHORS[name]
-    inp = row_inputs(config)
-    Q = config[-1]
     stream = cupy.cuda.get_current_stream()
-    sm_count = Backend("cupy", cupy.cuda.Device().id).sm_count
-    dt_out, dA_cumsum = kernels.chunk_cumsum(inp["dt"], inp["A"], Q)
-    from kernels.chunk_cumsum import chunk_cumsum_launch
-    kernel, grid, args = chunk_cumsum_launch(inp["dt"], inp["A"], None, cupy.empty_like(dt_out),
-                                             cupy.empty_like(dA_cumsum), False, (0.0, math.inf))
-    ms = gpu_time(lambda: ct.launch(stream, grid, kernel, args), reps, flush)
-    results.append(dict(row=name, kernel="chunk_cumsum", variant="default", ms=ms, rel=0.0,
-                        compile_s=0.0))
-    print(f"{name:12s} chunk_cumsum   default          {ms:8.4f} ms", flush=True)
-    chunk_states, _ = kernels.fwd_pass_state(inp["x"], inp["B"], dt_out, dA_cumsum)
-    cupy.cuda.runtime.deviceSynchronize()
-
-    for module, variants in lists:
-        ref = None
-        for tag, constants, edits, hints, source in variants:
-            if only and tag not in only and tag != variants[0][0] and source is None:
-                continue
-            sms = constants.get("sm_count", sm_count)
-            mod = load_variant(module, constants, edits, tmpdir, tag.replace(":", "_"), source)
-            if module == "fwd_pass_state":
-                out = (cupy.full(chunk_states.shape, math.nan, cupy.float32),
-                       cupy.full(chunk_states.shape[:1] + chunk_states.shape[2:], math.nan,
-                                 cupy.float32))
-                launches = getattr(mod, LAUNCHERS[module])(
-                    inp["x"], inp["B"], dt_out, dA_cumsum, None, None, *out, sms)
-                check = out[0]
-            else:
-                out = cupy.full(inp["x"].shape, math.nan, cupy.float32)
-                launches = [getattr(mod, LAUNCHERS[module])(
-                    inp["x"], inp["B"], inp["C"], dt_out, dA_cumsum, chunk_states, inp["D"],
-                    None, None, out, sms)]
-                check = out
-            if hints:  # on the stage's first kernel (fwd_pass_state's state products)
-                kernel, grid, args = launches[0]
-                launches[0] = (kernel.replace_hints(**hints), grid, args)
+    ref = None
+    for tag, mod, choice, mark in entries:
+        outs = {n: cupy.full(a[n].shape, math.nan, a[n].dtype) for n in OUTPUTS[kernel]}
+        record = dict(row=name, kernel=kernel, variant=tag, mark=mark,
+                      choice=None if choice is None else list(choice))
+        t0 = time.perf_counter()
+        try:  # a choice that does not compile (or that the launcher refuses) is a result too
+            launches = launches_of(kernel, mod, {**a, **outs}, sm_count, choice)
 
             def launch_all(launches=launches):
-                for kernel, grid, args in launches:
-                    ct.launch(stream, grid, kernel, args)
-            t0 = time.perf_counter()
-            try:
-                launch_all()
-                cupy.cuda.runtime.deviceSynchronize()
-            except Exception as e:  # a variant that does not compile is a result too
-                print(f"{name:12s} {module:14s} {tag:16s} FAILED {type(e).__name__}: "
-                      f"{str(e)[:200]}", flush=True)
-                results.append(dict(row=name, kernel=module, variant=tag, error=str(e)[:500]))
-                continue
-            compile_s = time.perf_counter() - t0
-            if ref is None:
-                ref = check.copy()
-            rel = float(cupy.nanmax(cupy.abs(check - ref)) / cupy.max(cupy.abs(ref)))
-            if bool(cupy.isnan(check).any()):
-                rel = math.inf
-            ms = gpu_time(launch_all, reps, flush)
-            grids = [list(grid) for _, grid, _ in launches]
-            results.append(dict(row=name, kernel=module, variant=tag, ms=ms, rel=rel,
-                                compile_s=compile_s, grid=grids))
-            print(f"{name:12s} {module:14s} {tag:16s} {ms:8.4f} ms  rel {rel:.2e}  "
-                  f"compile {compile_s:5.1f} s  grid {' '.join(map(str, grids))}", flush=True)
+                for k, grid, args in launches:
+                    ct.launch(stream, grid, k, args)
+            launch_all()
+            cupy.cuda.runtime.deviceSynchronize()
+        except Exception as e:
+            print(f"{name:12s} {kernel:14s} {tag:48s} {mark:5s} FAILED {type(e).__name__}: "
+                  f"{str(e)[:200]}", flush=True)
+            results.append(dict(record, error=f"{type(e).__name__}: {str(e)[:500]}"))
+            continue
+        compile_s = time.perf_counter() - t0
+        checks = [outs[n] for n in OUTPUTS[kernel]]
+        if ref is None:
+            ref = [c.copy() for c in checks]
+        rel = relative_error(checks, ref)
+        ms = gpu_time(launch_all, reps, flush)
+        grids = [list(grid) for _, grid, _ in launches]
+        results.append(dict(record, ms=ms, rel=rel, compile_s=compile_s, grid=grids))
+        print(f"{name:12s} {kernel:14s} {tag:48s} {mark:5s} {ms:8.4f} ms  rel {rel:.2e}  "
+              f"compile {compile_s:5.1f} s  grid {' '.join(map(str, grids))}", flush=True)
+
+
+def candidate_entries(kernel: str, candidates: dict, tmpdir: Path) -> list:
+    if kernel not in candidates:
+        return []
+    path = Path(candidates[kernel])
+    tag = f"file:{path.stem}"
+    return [(tag, loaded_variant(kernel, [], tmpdir, tag.replace(":", "_"), path), None, "")]
+
+
+def sweep_row(name: str, reps: int, flush, tmpdir: Path, results: list, *, everything=False,
+              only=None, candidates=None):
+    """Each kernel's choices on row `name` (sweep_choices), each candidate after the rules'."""
+    candidates = candidates or {}
+    a, sm_count = row_arrays(name)
+    for kernel in KERNELS:
+        asked = None if only is None else {n for n in only if choice_of(n)[0] == kernel}
+        if asked is not None and not asked and kernel not in candidates:
+            continue
+        timed, same = sweep_choices(kernel, ANCHORS[name], sm_count, everything, asked)
+        mod = kernel_module(kernel)
+        entries = [(n, mod, c, "rules" if i == 0 else "") for i, (n, c) in enumerate(timed)]
+        entries[1:1] = candidate_entries(kernel, candidates, tmpdir)
+        time_entries(name, kernel, entries, a, sm_count, reps, flush, results)
+        for n, twin in same:
+            print(f"{name:12s} {kernel:14s} {n:48s} same launches as {twin}: not timed",
+                  flush=True)
+        for n in sorted((asked or set()) - {n for n, _ in timed} - {n for n, _ in same}):
+            print(f"{name:12s} {kernel:14s} {n:48s} not one the shape can run", flush=True)
+
+
+def ablate_row(name: str, reps: int, flush, tmpdir: Path, results: list, *, only=None,
+               candidates=None):
+    """The committed fwd_pass_state and compute_out with the rules' choice (ablation_choice)
+    beside their ablations (those in `only` where given) and candidates."""
+    candidates = candidates or {}
+    a, sm_count = row_arrays(name)
+    for kernel, ablations in ABLATIONS.items():
+        rules, _ = rules_and_runnable(kernel, a, sm_count)
+        choice = ablation_choice(kernel, rules)
+        mod = kernel_module(kernel)
+        entries = [(label(kernel, choice), mod, choice, "ref")]
+        entries += candidate_entries(kernel, candidates, tmpdir)
+        entries += [(tag, loaded_variant(kernel, edits, tmpdir, tag), choice, "")
+                    for tag, edits in ablations if only is None or tag in only]
+        time_entries(name, kernel, entries, a, sm_count, reps, flush, results)
 
 
 def time_forward(name, reps, flush, results):
     """ssd_forward on row `name`: as called by default, without the value read, and without it
-    with the batch whole and in two slices (kernels.ssd_forward.BATCH_PARTS) where the batch
-    allows. Each variant: the median GPU time of `reps` calls, each behind MAX_PREFILL flushes
-    (the number of calls whose start the GPU reached before the host had enqueued them is
-    printed: those medians include host time), and the median host time of a call enqueued on
-    an idle GPU (its Python, checks, read and launches)."""
-    import time
-    from contextlib import nullcontext
+    with batch_parts=1 and 2 (the batch whole and in two slices) where the batch allows. Each:
+    the median GPU time of `reps` calls, each behind MAX_PREFILL flushes (the number of calls
+    whose start the GPU reached before the host had enqueued them is printed: those medians
+    include host time), and the median host time of a call enqueued on an idle GPU (its Python,
+    checks, read and launches)."""
     import cupy
     import kernels
-    from kernels.ssd_forward import batch_parts_as
     from benchmarks.timing import MAX_PREFILL
     config = ANCHORS[name]
     inp = row_inputs(config)
     for check, parts in ((True, None), (False, None), (False, 1), (False, 2)):
         if parts is not None and parts > config[0]:
             continue
-        def call():
+
+        def call(check=check, parts=parts):
             return kernels.ssd_forward(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],
                                        config[-1], D=inp["D"], return_final_states=True,
-                                       check_values=check)
-        with batch_parts_as(parts) if parts else nullcontext():
+                                       check_values=check, batch_parts=parts)
+        call()
+        host = []
+        for _ in range(reps):
+            cupy.cuda.runtime.deviceSynchronize()
+            t0 = time.perf_counter()
             call()
-            host = []
-            for _ in range(reps):
-                cupy.cuda.runtime.deviceSynchronize()
-                t0 = time.perf_counter()
-                call()
-                host.append((time.perf_counter() - t0) * 1e6)
-            ms, starved = fed_gpu_time(call, reps, flush, MAX_PREFILL)
+            host.append((time.perf_counter() - t0) * 1e6)
+        ms, starved = fed_gpu_time(call, reps, flush, MAX_PREFILL)
         host_us = sorted(host)[reps // 2]
-        tag = f"check_values={check}" + ("" if parts is None else f",slices={parts}")
+        tag = f"check_values={check}" + ("" if parts is None else f",batch_parts={parts}")
         results.append(dict(row=name, kernel="ssd_forward", variant=tag, ms=ms,
                             host_us=host_us, starved=starved))
-        print(f"{name:12s} ssd_forward    {tag:28s} {ms:8.4f} ms  host {host_us:7.1f} us  "
+        print(f"{name:12s} ssd_forward    {tag:34s} {ms:8.4f} ms  host {host_us:7.1f} us  "
               f"starved {starved}/{reps}", flush=True)
 
 
 def tune_row(name, results):
     """kernels.tune_forward on row `name` (CuPy, float32, D): each launch signature's choices
-    with cuda.tile.tune's mean time and 95 % margin, fastest first; the one the launchers' rules
+    with cuda.tile.tune's mean time and 95 % margin, fastest first; the one the launcher's rules
     take is marked `rules`, the fastest `best`, a choice that failed (to compile) `FAILED`."""
     import kernels
-    from kernels.compute_out import compute_out_signature, rules_choice
-    from kernels.ssd_forward import compute_out_arrays, prepare_forward
+    from kernels.compute_out import Choice, compute_out_signature, rules_choice
+    from kernels.ssd_forward import prepare_forward
     config = ANCHORS[name]
     inp = row_inputs(config)
     args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], config[-1], inp["D"], None, None,
@@ -316,57 +483,106 @@ def tune_row(name, results):
     _, parts, _, _ = prepare_forward(*args)
     rules = {}  # signature -> the rules' choice
     for part in parts:
-        signature = compute_out_signature(*compute_out_arrays(part))
-        rules[signature] = rules_choice(part["x"], part["B"], part["dt_out"], None,
-                                        signature[-1], part["sm_count"])
+        arrays = part.arrays.compute_out_arrays()
+        signature = compute_out_signature(*arrays)
+        x, B, _, dt_out, _, _, _, _, seg, _ = arrays
+        rules[signature] = rules_choice(x, B, dt_out, seg, signature[-1], part.sm_count)
     found = kernels.tune_forward(*args[:6], D=inp["D"])
     for signature, result in found.items():
         for m in sorted(result.successes, key=lambda m: m.mean_us):
-            marks = " ".join(t for t, on in (("best", m.config == result.best.config),
-                                             ("rules", m.config == rules[signature])) if on)
-            print(f"{name:12s} {str(tuple(m.config)):32s} {m.mean_us:9.1f} +- "
+            choice = Choice(*m.config)
+            marks = " ".join(t for t, on in (("best", choice == tuple(result.best.config)),
+                                             ("rules", choice == rules.get(signature))) if on)
+            print(f"{name:12s} {label('compute_out', choice):32s} {m.mean_us:9.1f} +- "
                   f"{m.error_margin_us:5.1f} us  {marks}", flush=True)
-            results.append(dict(row=name, signature=list(signature), choice=list(m.config),
-                                us=m.mean_us, margin_us=m.error_margin_us, marks=marks))
+            results.append(dict(row=name, signature=list(signature), choice=list(choice),
+                                variant=label("compute_out", choice), us=m.mean_us,
+                                margin_us=m.error_margin_us, marks=marks))
         for choice, error, message in result.failures:
-            print(f"{name:12s} {str(tuple(choice)):32s} FAILED {error.__name__}: "
-                  f"{message.splitlines()[0][:120]}", flush=True)
+            print(f"{name:12s} {label('compute_out', Choice(*choice)):32s} FAILED "
+                  f"{error.__name__}: {message.splitlines()[0][:120]}", flush=True)
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The parsed arguments, every one checked before anything runs on the GPU: rows, --only
+    labels (choices; ablation names with --ablate), --candidate MODULE=FILE."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", default=",".join(DEFAULT_ROWS))
+    p.add_argument("--rows", default=",".join(DEFAULT_ROWS),
+                   help=f"comma-separated rows of {', '.join(ANCHORS)}")
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--only", default="", help="comma-separated variant tags (plus the default)")
-    p.add_argument("--forward", action="store_true",
-                   help="time ssd_forward: checks on / off, batch whole / in two slices")
-    p.add_argument("--tune", action="store_true",
-                   help="tune_forward on each row: every compute_out choice's time")
-    p.add_argument("--ablate", action="store_true",
-                   help="the committed kernels and their ablations instead of the variants")
+    modes = p.add_mutually_exclusive_group()
+    modes.add_argument("--all", action="store_true",
+                       help="every declared choice the shape can run, not only the neighbours")
+    modes.add_argument("--ablate", action="store_true",
+                       help="the committed kernels beside copies with one stage left out")
+    modes.add_argument("--forward", action="store_true",
+                       help="time ssd_forward: value read on / off, batch whole / in two slices")
+    modes.add_argument("--tune", action="store_true",
+                       help="tune_forward on each row: every compute_out choice's time")
+    p.add_argument("--only", default="", metavar="LABEL,...",
+                   help="time only these choices (with --ablate: ablations) beside the rules'")
     p.add_argument("--candidate", action="append", default=[], metavar="MODULE=FILE",
                    help="time FILE, a rewrite of kernels/MODULE.py, beside the committed one")
     p.add_argument("--json")
     a = p.parse_args(argv)
-    if any("=" not in c for c in a.candidate):
-        p.error("--candidate takes MODULE=FILE, e.g. compute_out=rewrite.py")
-    candidates = dict(c.split("=", 1) for c in a.candidate)
-    unknown = set(candidates) - {"compute_out", "fwd_pass_state"}
+    a.rows = a.rows.split(",")
+    unknown = [r for r in a.rows if r not in ANCHORS]
     if unknown:
-        p.error(f"--candidate: no kernel module {sorted(unknown)}")
-    lists = variant_lists(a.ablate, candidates)
+        p.error(f"--rows: no anchor row {', '.join(map(repr, unknown))} "
+                f"(rows: {', '.join(ANCHORS)})")
+    if a.reps < 1:
+        p.error("--reps: at least 1")
+    a.only = [n for n in a.only.split(",") if n] or None
+    if a.only and (a.forward or a.tune):
+        p.error("--only selects kernel choices or ablations: not with --forward or --tune")
+    if a.only and a.ablate:
+        names = {tag for ablations in ABLATIONS.values() for tag, _ in ablations}
+        bad = [n for n in a.only if n not in names]
+        if bad:
+            p.error(f"--only: with --ablate it names ablations ({', '.join(sorted(names))}), "
+                    f"got {', '.join(map(repr, bad))}")
+    elif a.only:
+        for n in a.only:
+            try:
+                choice_of(n)
+            except ValueError as e:
+                p.error(f"--only: {e}")
+    if a.candidate and (a.forward or a.tune):
+        p.error("--candidate: not with --forward or --tune")
+    candidates = {}
+    for c in a.candidate:
+        module, eq, path = c.partition("=")
+        if not eq or not path:
+            p.error(f"--candidate takes MODULE=FILE, e.g. compute_out=rewrite.py, got {c!r}")
+        kernels = tuple(ABLATIONS) if a.ablate else KERNELS
+        if module not in kernels:
+            p.error(f"--candidate: no kernel module {module!r} (one of {', '.join(kernels)})")
+        if module in candidates:
+            p.error(f"--candidate: {module} given twice")
+        if not Path(path).is_file():
+            p.error(f"--candidate: {module}: no file {path}")
+        candidates[module] = path
+    a.candidate = candidates
+    return a
+
+
+def main(argv=None):
+    a = parse_args(argv)
     from benchmarks.timing import cupy_flush
     flush = cupy_flush()
     results: list = []
-    only = set(filter(None, a.only.split(",")))
     with tempfile.TemporaryDirectory() as d:
-        for name in a.rows.split(","):
+        for name in a.rows:
             if a.tune:
                 tune_row(name, results)
             elif a.forward:
                 time_forward(name, a.reps, flush, results)
+            elif a.ablate:
+                ablate_row(name, a.reps, flush, Path(d), results, only=a.only,
+                           candidates=a.candidate)
             else:
-                sweep_row(name, a.reps, flush, Path(d), results, only, lists)
+                sweep_row(name, a.reps, flush, Path(d), results, everything=a.all,
+                          only=a.only, candidates=a.candidate)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
 

@@ -22,35 +22,19 @@ import numpy as np
 import cuda.tile as ct
 from cuda.tile._stub import ArrayAnnotation
 
-# Outputs are allocated uninitialized; tests set a fill value (NaN) so that an element a kernel
-# fails to write cannot pass unnoticed.
-_OUTPUT_FILL: float | None = None
-# The SM count the launchers size grids by: the device's, unless a test sets another.
-_SM_COUNT: int | None = None
+
+def gpu_available() -> bool:
+    """True when a CUDA device can be used (getDeviceCount raises, not 0, without a driver)."""
+    return _gpu_available()
 
 
-@contextlib.contextmanager
-def outputs_filled_with(value: float):
-    """Within the block, every output the launchers allocate is filled with `value` first."""
-    global _OUTPUT_FILL
-    previous, _OUTPUT_FILL = _OUTPUT_FILL, value
+@functools.cache
+def _gpu_available() -> bool:
     try:
-        yield
-    finally:
-        _OUTPUT_FILL = previous
-
-
-@contextlib.contextmanager
-def sm_count_as(sm_count: int):
-    """Within the block, the launchers choose as for a device of `sm_count` SMs, whatever the
-    device (or the interpreter) is: tests and properties run every grid-size-dependent choice
-    (fwd_pass_state's two modes) on any machine."""
-    global _SM_COUNT
-    previous, _SM_COUNT = _SM_COUNT, sm_count
-    try:
-        yield
-    finally:
-        _SM_COUNT = previous
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
 
 
 def _kind(a) -> str:
@@ -112,16 +96,11 @@ class Backend:
         return self.xp.ascontiguousarray(a)
 
     def empty(self, shape: tuple[int, ...], like=None):
-        """A new output array, float32 or of `like`'s dtype (filled with the test fill value, if
-        one is set)."""
+        """A new output array, uninitialized, float32 or of `like`'s dtype."""
         dtype = self.xp.float32 if like is None else like.dtype
         if self.kind == "torch":
-            out = self.xp.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
-        else:
-            out = self.xp.empty(shape, dtype=dtype)
-        if _OUTPUT_FILL is not None:
-            out[...] = _OUTPUT_FILL
-        return out
+            return self.xp.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
+        return self.xp.empty(shape, dtype=dtype)
 
     def segment_ids(self, seq_idx):
         """(batch, seqlen) int32 segment ids: the count of changes of seq_idx up to each token.
@@ -146,8 +125,8 @@ class Backend:
         """The device's streaming multiprocessors (1 for the interpreter, which runs one program
         at a time): the launchers that size programs by the grid read it. So the interpreter
         takes the large-grid choices (fwd_pass_state in order) for every shape; the
-        small-grid ones run on the GPU, and tests and properties force both (sm_count_as)."""
-        return _sm_count(self.kind, self.device) if _SM_COUNT is None else _SM_COUNT
+        small-grid ones run on the GPU, and tests and properties pass each (`choice=`)."""
+        return _sm_count(self.kind, self.device)
 
     def launch(self, kernel, grid: tuple[int, int, int], args: tuple, stream=None):
         """Run `kernel` over `grid`: on the interpreter for NumPy, else on `stream` (default: the
@@ -286,10 +265,9 @@ def backend_of(**arrays) -> Backend:
 
 # Index width. The kernels' sources annotate their large arrays ct.IndexedWithInt64, so that
 # arrays of 2^31 elements or more are addressed correctly; with int32 indices instead, tileiras
-# loads the tiles with TMA and, compiled locally for sm_90, needs 128 registers per thread for
-# compute_out instead of 255 (Mamba-2 2.7B row; the 64-bit kernel ran with 240 on the H200:
-# benchmarks/NOTES.md, run 6). Each kernel is therefore compiled twice: from
-# `int32_indexed(f)` for the usual sizes and from `f` itself when an array reaches 2^31 elements.
+# loads the tiles with TMA and needs fewer registers (benchmarks/DECISIONS.md "Index width").
+# Each kernel is therefore compiled twice: from `int32_indexed(f)` for the usual sizes and from
+# `f` itself when an array reaches 2^31 elements.
 INT32_MAX = 2**31 - 1
 
 

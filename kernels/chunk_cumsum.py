@@ -1,19 +1,32 @@
-"""chunk_cumsum: the processed step size and the in-chunk decay cumsum, in log2 units."""
+"""chunk_cumsum: the processed step size and the in-chunk decay cumsum, in log2 units.
+
+The declared choices (CHOICES) are what the launcher may run: its rule picks one
+(rules_choice), benchmarks.sweep times the others.
+"""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import cuda.tile as ct
 
 from contract import Dims, check_chunk_cumsum_args, check_dt_limit, check_vector_values
 from kernels.arrays import backend_of, check_grid, int32_indexed, needs_int64, pow2_tile
+from kernels.constants import LOG2E
 
-LOG2E = 1.4426950408889634  # log2(e): dA_cumsum is in log2 units, later exponentials are exp2
 SOFTPLUS_THRESHOLD = 20.0  # softplus(v) = v above it (as mamba_ssm and the reference)
 
-# Heads per program: a [CHUNK, BLOCK_H] tile; 16 heads x 256 tokens is 16 KiB of fp32.
-MAX_BLOCK_H = 16
+
+class Choice(NamedTuple):
+    """One launch configuration of chunk_cumsum beyond its shapes."""
+    block_h: int  # heads per program: a [CHUNK, BLOCK_H] tile
+
+
+# the declared search space; the rules' pick: 16 heads x 256 tokens, 16 KiB of fp32
+# (benchmarks/DECISIONS.md "chunk_cumsum: heads per program")
+CHOICES = (Choice(16), Choice(8), Choice(32))
+RULES_BLOCK_H = 16
 
 
 def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.IndexedWithInt64,
@@ -22,14 +35,14 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.Indexed
                          HAS_DT_BIAS: ct.Constant[bool], DT_SOFTPLUS: ct.Constant[bool],
                          DT_MIN: ct.Constant[float], DT_MAX: ct.Constant[float]):
     """One program: dt_out and dA_cumsum of chunk bid(0) for heads block bid(1) of batch bid(2)."""
-    c = ct.bid(0)
-    hb = ct.bid(1)
-    b = ct.bid(2)
+    i_c = ct.bid(0)
+    i_hb = ct.bid(1)
+    i_b = ct.bid(2)
     seqlen = dt.shape[1]
-    v = ct.load(dt, (b, c, hb), shape=(1, CHUNK, BLOCK_H), padding_mode=ct.PaddingMode.ZERO)
+    v = ct.load(dt, (i_b, i_c, i_hb), shape=(1, CHUNK, BLOCK_H), padding_mode=ct.PaddingMode.ZERO)
     v = ct.reshape(v, (CHUNK, BLOCK_H))  # [CHUNK, BLOCK_H]
     if HAS_DT_BIAS:
-        bias = ct.load(dt_bias, (hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
+        bias = ct.load(dt_bias, (i_hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
         v = v + ct.reshape(bias, (1, BLOCK_H))
     if DT_SOFTPLUS:
         # log1p(e) as log(1 + e) * e / ((1 + e) - 1) (Goldberg): accurate also where 1 + e
@@ -42,11 +55,11 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.Indexed
         v = ct.where(v > SOFTPLUS_THRESHOLD, v, log1p_e)
     v = ct.minimum(ct.maximum(v, DT_MIN), DT_MAX)
     # the padding of a short last chunk: dt_out = 0 there, so dA_cumsum stays flat
-    t = ct.reshape(c * CHUNK + ct.arange(CHUNK, dtype=ct.int32), (CHUNK, 1))
+    t = ct.reshape(i_c * CHUNK + ct.arange(CHUNK, dtype=ct.int32), (CHUNK, 1))
     v = ct.where(t < seqlen, v, 0.0)
-    a = ct.load(A, (hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
-    a = ct.reshape(a * LOG2E, (1, BLOCK_H))
-    dA = ct.cumsum(v * a, axis=0)  # [CHUNK, BLOCK_H]: every term <= 0
+    a_h = ct.load(A, (i_hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
+    a_h = ct.reshape(a_h * LOG2E, (1, BLOCK_H))
+    dA = ct.cumsum(v * a_h, axis=0)  # [CHUNK, BLOCK_H]: every term <= 0
     # The GPU's parallel scan groups the additions differently for each prefix, so a term that
     # is tiny next to the running sum (or a zero of the padding) can leave a prefix one ulp above
     # the one before it (seen on the H200). The running minimum makes dA_cumsum non-increasing,
@@ -54,8 +67,8 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.Indexed
     # earlier, larger-in-magnitude computed prefix whose true value lies above the true one.
     dA = ct.scan(dA, 0, ct.minimum, math.inf)
     # stored as (batch, nheads, nchunks, chunk_size); heads past nheads are masked by the store
-    ct.store(dt_out, (b, hb, c, 0), ct.reshape(ct.transpose(v), (1, BLOCK_H, 1, CHUNK)))
-    ct.store(dA_cumsum, (b, hb, c, 0), ct.reshape(ct.transpose(dA), (1, BLOCK_H, 1, CHUNK)))
+    ct.store(dt_out, (i_b, i_hb, i_c, 0), ct.reshape(ct.transpose(v), (1, BLOCK_H, 1, CHUNK)))
+    ct.store(dA_cumsum, (i_b, i_hb, i_c, 0), ct.reshape(ct.transpose(dA), (1, BLOCK_H, 1, CHUNK)))
 
 
 # the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
@@ -63,15 +76,26 @@ _chunk_cumsum = ct.kernel(int32_indexed(_chunk_cumsum_kernel))
 _chunk_cumsum_int64 = ct.kernel(_chunk_cumsum_kernel)
 
 
-def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit):
+def rules_choice() -> Choice:
+    """The choice of the launcher's rule (RULES_BLOCK_H), whatever the shape."""
+    return Choice(RULES_BLOCK_H)
+
+
+def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit,
+                        choice: Choice | None = None):
     """(kernel, grid, kernel args) of _chunk_cumsum_kernel: the one place its tiles and its kernel
-    object (index width) are chosen.
+    object (index width) are chosen: `choice` where given (one of CHOICES, else a ValueError),
+    else the rules'.
 
     Reads only shapes, so the compile gate derives its signatures from here too.
     """
+    if choice is None:
+        choice = rules_choice()
+    elif choice not in CHOICES:
+        raise ValueError(f"choice: {choice} is not one of chunk_cumsum's CHOICES {CHOICES}")
     batch, _, nheads = (int(s) for s in dt.shape)
     chunk_size, nchunks = int(dt_out.shape[3]), int(dt_out.shape[2])
-    block_h = pow2_tile(nheads, hi=MAX_BLOCK_H)
+    block_h = pow2_tile(nheads, hi=choice.block_h)
     lo, hi = dt_limit
     grid = (nchunks, -(-nheads // block_h), batch)
     args = (dt, A, A if dt_bias is None else dt_bias, dt_out, dA_cumsum,
@@ -81,10 +105,11 @@ def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit
 
 
 def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-                 *, check_values=True):
+                 *, check_values=True, choice: Choice | None = None):
     """(dt_out, dA_cumsum), both (batch, nheads, nchunks, chunk_size) float32, of the caller's
     array type: dt <- clamp(softplus?(dt + dt_bias), dt_limit), zero beyond seqlen, and its
-    in-chunk cumulative decay dt * A in log2 units. `check_values=False`: as in ssd_forward."""
+    in-chunk cumulative decay dt * A in log2 units. `check_values=False`: as in ssd_forward.
+    `choice`: the Choice to launch (one of CHOICES) instead of the rules'."""
     backend = backend_of(dt=dt, A=A, dt_bias=dt_bias)
     batch, seqlen, nheads, chunk_size = check_chunk_cumsum_args(
         dt, A, chunk_size, dt_bias=dt_bias, dt_limit=dt_limit, float_dtypes=("float32",),
@@ -95,7 +120,7 @@ def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0
     dims = Dims(batch, seqlen, nheads, 1, 1, 1, chunk_size)
     dt_out = backend.empty(dims.shape("dt_out"))
     dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
-    launch = chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit)
+    launch = chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit, choice)
     if check_values:  # last before the launch, as in ssd_forward
         check_vector_values(A, dt_bias=dt_bias)
     backend.launch(*launch)

@@ -1,96 +1,81 @@
 """compute_out: every chunk's output from the state entering it (carried-state term, causal
 interaction, D skip and z gate fused): a program per token block, or, where that pays, a program
-per chunk that carries the state through the chunk's token blocks."""
+per chunk that carries the state through the chunk's token blocks.
+
+The declared choices (CHOICES) are what the launcher may run: its rules pick one per shape
+(rules_choice), kernels.tuning searches those the shape allows, benchmarks.sweep times them. The
+measured reason of each rule: benchmarks/DECISIONS.md, under the titles named below.
+"""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_compute_out_args, check_vector_values, dtype_name
+from kernels import tuning_table
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, needs_int64,
                            pow2_tile)
-from kernels.chunk_cumsum import LOG2E  # the z gate's sigmoid is taken with exp2 too
+from kernels.constants import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
-# Tile sizes (launcher-chosen constants, so performance work can tune them here): a program per
-# token block computes [BLOCK_T, BLOCK_P] of y for each of its heads, looping over the chunk's
-# s-blocks of BLOCK_T tokens up to the diagonal (flash-attention-like), so a chunk x chunk matrix
-# never exists, not even in registers; a program per chunk computes the same tiles block after
-# block.
-# dstate is held whole (padded to a power of two); BLOCK_T shrinks as dstate grows so that the
-# C and B tiles, [BLOCK_T, DSTATE], stay at 8K elements.
-MAX_BLOCK_T = 64
-# With float32 inputs a program computes up to MAX_HEADS heads of one group: C B^T, which they
-# share, is formed once for them. H200, benchmarks/NOTES.md runs 10-14, two heads against one:
-# 0.808 against 0.970 ms on the Mamba-2 2.7B row, 0.259 / 0.304 on 130m, 0.897 / 1.045 on
-# long_seq, 0.362 / 0.380 on the 8-group row; four heads spill (1.51 ms on 2.7B). A chunk of one
-# token block takes one head: two ran 0.638 against 0.528 ms at chunk 64, and compile only with
-# the block's product added to the accumulator instead of accumulated in it (tileiras 13.4:
-# "Invalid use-def chain in schedule" on products chained outside a loop of several
-# iterations). bfloat16 / float16 inputs take one head: their C B^T is a product at twice the
-# TF32 rate, and one head ran 0.610 against 0.718 ms (2.7B row, bfloat16), 0.321 / 0.374 (8
-# groups).
-MAX_HEADS = 2
-MAX_BLOCK_P = 64
-TILE_ELEMENTS = 8192
-# Two programs per SM: on the H200 (benchmarks/NOTES.md, run 7) one, three or four were slower
-# on the four rows swept (long_seq not swept), e.g. 0.98 ms against 1.19 / 1.22 / 1.19 on the
-# Mamba-2 2.7B row and 0.38 against 0.56 / 0.39 / 0.45 on the 8-group row (dstate 64).
-OCCUPANCY = 2
 # Program layouts. "token_blocks" (_compute_out_kernel): a program per token block, looping over
-# the chunk's earlier token blocks, so a chunk's x, B and the entering state are read once per
-# token block after them. "whole_chunks" (_compute_out_chunk_kernel): a program per chunk, its
-# token blocks in order, each block's tokens seeing the earlier blocks through a state carried
-# in registers (a jump of fwd_pass_state's kind per block): x, B, C and the state are read once;
-# float32 inputs without seq_idx only (see _compute_out_chunk).
-# It needs the heads' [BLOCK_P, DSTATE] states in registers (at two heads they spill and take
-# 225 KB of shared memory: one program per SM whatever the occupancy hint, 2 or 1 ran 0.746 /
-# 0.745 ms) and pays where a chunk has many token blocks. H200 (benchmarks/NOTES.md, runs 21,
-# 22 and 24), two heads, dstate 128, chunk 256: 0.807 -> 0.746 ms on the Mamba-2 2.7B row,
-# 0.259 -> 0.229 on 130m, 0.895 -> 0.785 on long_seq, 0.813 -> 0.743 with 2 groups; not
-# elsewhere: one head 0.992 (2.7B), chunk 128 with dstate 64 (8 groups) 0.361 -> 0.364 (one
-# head) / 0.518 (two), chunk 64 0.536 -> 0.665, chunk 256 with dstate 64 0.554 -> 0.585 (2.7B
-# heads), 0.177 -> 0.182 (130m's).
+# the chunk's earlier token blocks (flash-attention-like), so a chunk x chunk matrix never
+# exists, not even in registers. "whole_chunks" (_compute_out_chunk_kernel): a program per
+# chunk, its token blocks in order, each block's tokens seeing the earlier blocks through a
+# state carried in registers (a jump of fwd_pass_state's kind per block), so x, B, C and the
+# state are read once.
 LAYOUTS = ("token_blocks", "whole_chunks")
-WHOLE_CHUNK_MIN_BLOCKS = 4  # token blocks per chunk
-WHOLE_CHUNK_DSTATE = 128  # the state tile measured; larger ones would spill more
-# and where its grid has at least WHOLE_CHUNK_MIN_WAVES programs per SM (they run one per SM):
-# the batch-1 sweep (Mamba-2 2.7B heads, ssd_forward without the value read, run 24) went
-# 0.109 -> 0.118 ms at 1024 tokens (160 programs on 132 SMs), 0.179 -> 0.173 at 2048 (320)
+HEADS = (1, 2)  # heads of one group per program: C B^T, which they share, is formed once
+OCCUPANCIES = (1, 2)  # programs per SM (the compiler's occupancy hint)
+# a token block's largest extent; the C and B tiles, [BLOCK_T, DSTATE], hold at most
+# block_t x TILE_DSTATE elements (block_t shrinks as dstate grows past TILE_DSTATE)
+BLOCK_TS = (64, 32, 128)
+TILE_DSTATE = 128
+MAX_BLOCK_P = 64  # headdim columns per program: Mamba-2's whole headdim
+
+
+class Choice(NamedTuple):
+    """One launch configuration of compute_out beyond its shapes."""
+    layout: str  # LAYOUTS
+    heads: int  # HEADS
+    occupancy: int  # OCCUPANCIES
+    block_t: int = 64  # BLOCK_TS
+
+
+# the declared search space: every choice the launcher can take (the shape allows a subset,
+# compute_out_choices)
+CHOICES = tuple(Choice(layout, heads, occupancy, block_t) for layout in LAYOUTS
+                for heads in HEADS for occupancy in OCCUPANCIES for block_t in BLOCK_TS)
+
+# The rules' pick (rules_choice):
+RULES_BLOCK_T = 64  # DECISIONS.md "compute_out: token block"
+# two heads for float32 inputs where a chunk holds several token blocks, one for narrow inputs
+# (their C B^T runs at twice the TF32 rate) and for a chunk of one token block (the compiler
+# fails several there); "compute_out: heads per program"
+RULES_HEADS = 2
+RULES_OCCUPANCY = 2  # "compute_out: occupancy"
+# the program per chunk where its state tile fits and its grid fills the GPU: two heads, chunks
+# of WHOLE_CHUNK_MIN_BLOCKS token blocks or more, a state tile of WHOLE_CHUNK_DSTATE, at least
+# WHOLE_CHUNK_MIN_WAVES programs per SM (they run one per SM); "compute_out: program layout"
+WHOLE_CHUNK_MIN_BLOCKS = 4
+WHOLE_CHUNK_DSTATE = 128
 WHOLE_CHUNK_MIN_WAVES = 2
-_LAYOUT: str | None = None  # layout_as's override
 
 
-@contextmanager
-def layout_as(name: str):
-    """Within the block, compute_out runs the programs of layout `name` whatever the shape (except
-    that narrow inputs, seq_idx and arrays of 2^31 elements or more always take token blocks):
-    tests run both layouts on any shape."""
-    global _LAYOUT
-    if name not in LAYOUTS:
-        raise ValueError(f"layout: {name!r} is not one of {LAYOUTS}")
-    previous, _LAYOUT = _LAYOUT, name
-    try:
-        yield
-    finally:
-        _LAYOUT = previous
-
-
-def _head_D(D, h, pb, BLOCK_P, D_PER_HEADDIM):
-    """Head h's skip weights for headdim block pb: [BLOCK_P, 1] per channel, else [1, 1]."""
+def _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
+    """Head i_h's skip weights for headdim block i_p: [BLOCK_P, 1] per channel, else [1, 1]."""
     if D_PER_HEADDIM:
-        d = ct.load(D, (h, pb), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
-        d = ct.reshape(d, (BLOCK_P, 1))
+        skip = ct.load(D, (i_h, i_p), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
+        skip = ct.reshape(skip, (BLOCK_P, 1))
     else:
-        d = ct.reshape(ct.load(D, (h,), shape=(1,)), (1, 1))
-    return d
+        skip = ct.reshape(ct.load(D, (i_h,), shape=(1,)), (1, 1))
+    return skip
 
 
-def _z_gated(acc, z, b, tb, h, pb, BLOCK_T, BLOCK_P):
-    """y^T [BLOCK_P, BLOCK_T] of head h's token block tb times its gate z * sigmoid(z)."""
-    zt = ct.load(z, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+def _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P):
+    """y^T [BLOCK_P, BLOCK_T] of head i_h's token block i_t times its gate z * sigmoid(z)."""
+    zt = ct.load(z, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
                  padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)  # narrow z: widened, exact
     zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
     # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is inf and
@@ -109,44 +94,43 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
                         HAS_SEQ_IDX: ct.Constant[bool]):
     """One program: y for BLOCK_T tokens x BLOCK_P headdim columns of HEADS heads of one group
     and batch; grid (token blocks x headdim blocks, nheads / HEADS, batch)."""
-    tp = ct.bid(0)
-    hb = ct.bid(1)  # head block: heads hb * HEADS ... hb * HEADS + HEADS - 1, one group
-    b = ct.bid(2)
+    i_tp = ct.bid(0)
+    i_hb = ct.bid(1)  # head block: heads i_hb * HEADS ... i_hb * HEADS + HEADS - 1, one group
+    i_b = ct.bid(2)
     p_blocks = ct.cdiv(x.shape[3], BLOCK_P)
-    tb = tp // p_blocks  # token block, in units of BLOCK_T tokens
-    pb = tp % p_blocks
+    i_t = i_tp // p_blocks  # token block, in units of BLOCK_T tokens
+    i_p = i_tp % p_blocks
     T_PER_CHUNK = CHUNK // BLOCK_T
-    c = tb // T_PER_CHUNK
-    i = tb % T_PER_CHUNK  # the token block's position in its chunk
-    g = hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
+    i_c = i_t // T_PER_CHUNK
+    i_tc = i_t % T_PER_CHUNK  # the token block's position in its chunk
+    i_g = i_hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
 
     # Each head accumulates y^T, [BLOCK_P, BLOCK_T]: its products take the state, B_s or x
-    # (transposed) as their first operand and C^T, or the computed (C B^T o L)^T, as second.
-    # On the H200 this order ran 1.19 -> 0.98 ms on the Mamba-2 2.7B row and 1.01 -> 0.54 at
-    # chunk 64 against accumulating y with x second (benchmarks/NOTES.md, runs 6 and 7). The
+    # (transposed) as their first operand and C^T, or the computed (C B^T o L)^T, as second
+    # (faster than y with x second: DECISIONS.md "compute_out: transposed accumulator"). The
     # heads' tiles are tuples unrolled at compile time, so every product stays two-dimensional.
     # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32 (exact)
     # before any arithmetic, so that is the same for every input dtype, except C . B^T: it takes
     # bfloat16 / float16 operands as they are (their values are exact in TF32, their products
     # exact in float32, accumulated in float32 as before), at twice the TF32 rate
-    Ct = ct.load(C, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
+    Ct = ct.load(C, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                  padding_mode=ct.PaddingMode.ZERO)
     CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [DSTATE, BLOCK_T], C's dtype
     CtT = CtT_in.astype(ct.float32).astype(ct.tfloat32)
     CtT_cb = CtT if C.dtype == ct.float32 else CtT_in
     if HAS_SEQ_IDX:
-        seg_t = ct.load(seg, (b, tb), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
+        seg_t = ct.load(seg, (i_b, i_t), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
         # the carried state belongs to the segment of the token before the chunk (chunk 0: 0)
-        seg_before = ct.load(seg, (b, ct.maximum(c * CHUNK - 1, 0)), shape=(1, 1))
+        seg_before = ct.load(seg, (i_b, ct.maximum(i_c * CHUNK - 1, 0)), shape=(1, 1))
 
     # carried-state term: 2^(a_t) * S_c . C_t^T
     a_ts = ()
     accs = ()
-    for k in ct.static_iter(range(HEADS)):
-        h = hb * HEADS + k
-        a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)),
+    for i_k in ct.static_iter(range(HEADS)):
+        i_h = i_hb * HEADS + i_k
+        a_t = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc), shape=(1, 1, 1, BLOCK_T)),
                          (1, BLOCK_T))
-        S = ct.load(chunk_states, (b, c, h, pb, 0), shape=(1, 1, 1, BLOCK_P, DSTATE),
+        S = ct.load(chunk_states, (i_b, i_c, i_h, i_p, 0), shape=(1, 1, 1, BLOCK_P, DSTATE),
                     padding_mode=ct.PaddingMode.ZERO)
         S = ct.reshape(S, (BLOCK_P, DSTATE)).astype(ct.tfloat32)
         # [BLOCK_P, BLOCK_T]
@@ -158,53 +142,53 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         a_ts += (a_t,)
         accs += (acc * decay_in,)
 
-    # intra-chunk term: sum over s-blocks j <= i of (dt_s x_s)^T (C_t . B_s^T o L)^T; C_t . B_s^T
-    # is the group's, one product for the program's heads
-    cols = ct.reshape(i * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
-    for j in range(i + 1):
-        sb = c * T_PER_CHUNK + j
-        Bs = ct.load(B, (b, sb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
+    # intra-chunk term: sum over s-blocks i_sc <= i_tc of (dt_s x_s)^T (C_t . B_s^T o L)^T;
+    # C_t . B_s^T is the group's, one product for the program's heads
+    cols = ct.reshape(i_tc * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
+    for i_sc in range(i_tc + 1):
+        i_s = i_c * T_PER_CHUNK + i_sc
+        Bs = ct.load(B, (i_b, i_s, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                      padding_mode=ct.PaddingMode.ZERO)
         Bs = ct.reshape(Bs, (BLOCK_T, DSTATE))
         if B.dtype == ct.float32:
             Bs = Bs.astype(ct.tfloat32)
         cbT = ct.mma(Bs, CtT_cb, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
-        rows = ct.reshape(j * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
+        rows = ct.reshape(i_sc * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
         keep = rows <= cols  # causal: s <= t
         if HAS_SEQ_IDX:
-            seg_s = ct.load(seg, (b, sb), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
+            seg_s = ct.load(seg, (i_b, i_s), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
             keep = keep & (ct.reshape(seg_s, (BLOCK_T, 1)) == seg_t)
         new_accs = ()
-        for k in ct.static_iter(range(HEADS)):
-            h = hb * HEADS + k
-            a_s = ct.reshape(ct.load(dA_cumsum, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)),
+        for i_k in ct.static_iter(range(HEADS)):
+            i_h = i_hb * HEADS + i_k
+            a_s = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, i_sc), shape=(1, 1, 1, BLOCK_T)),
                              (BLOCK_T, 1))
-            dt_s = ct.reshape(ct.load(dt_out, (b, h, c, j), shape=(1, 1, 1, BLOCK_T)),
+            dt_s = ct.reshape(ct.load(dt_out, (i_b, i_h, i_c, i_sc), shape=(1, 1, 1, BLOCK_T)),
                               (BLOCK_T, 1))
             # L^T[s, t] = 2^(a_t - a_s): a select on a clamped exponent, so 2^(positive) is
             # never formed above the diagonal and no inf * 0 can appear
-            LT = ct.where(keep, ct.exp2(ct.minimum(a_ts[k] - a_s, 0.0)), 0.0)  # [s, t]
-            xs = ct.load(x, (b, sb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+            LT = ct.where(keep, ct.exp2(ct.minimum(a_ts[i_k] - a_s, 0.0)), 0.0)  # [s, t]
+            xs = ct.load(x, (i_b, i_s, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
                          padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
             xsT = ct.transpose(ct.reshape(xs, (BLOCK_T, BLOCK_P))).astype(ct.tfloat32)  # [P, s]
             W = (cbT * LT * dt_s).astype(ct.tfloat32)  # [s, t]
-            new_accs += (ct.mma(xsT, W, accs[k]),)
+            new_accs += (ct.mma(xsT, W, accs[i_k]),)
         accs = new_accs
 
-    for k in ct.static_iter(range(HEADS)):
-        h = hb * HEADS + k
-        acc = accs[k]
+    for i_k in ct.static_iter(range(HEADS)):
+        i_h = i_hb * HEADS + i_k
+        acc = accs[i_k]
         if HAS_D:
-            xt = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+            xt = ct.load(x, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
                          padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-            acc = acc + _head_D(D, h, pb, BLOCK_P, D_PER_HEADDIM) * ct.transpose(
+            acc = acc + _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM) * ct.transpose(
                 ct.reshape(xt, (BLOCK_T, BLOCK_P)))
         if HAS_Z:
-            acc = _z_gated(acc, z, b, tb, h, pb, BLOCK_T, BLOCK_P)
+            acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
         # rows past seqlen and columns past headdim are masked by the store; y has x's dtype
         # (one rounding of the float32 result for narrow inputs)
         yt = ct.transpose(acc)  # [BLOCK_T, BLOCK_P]
-        ct.store(y, (b, tb, h, pb), ct.reshape(yt, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
+        ct.store(y, (i_b, i_t, i_h, i_p), ct.reshape(yt, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
 
 
 def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
@@ -218,31 +202,30 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
     """One program: y of one chunk, BLOCK_P headdim columns of HEADS heads of one group, token
     block by token block (float32, no seq_idx); grid (chunks x headdim blocks, nheads / HEADS,
     batch)."""
-    cp = ct.bid(0)
-    hb = ct.bid(1)  # head block: heads hb * HEADS ... hb * HEADS + HEADS - 1, one group
-    b = ct.bid(2)
+    i_cp = ct.bid(0)
+    i_hb = ct.bid(1)  # head block: heads i_hb * HEADS ... i_hb * HEADS + HEADS - 1, one group
+    i_b = ct.bid(2)
     seqlen = x.shape[1]
     p_blocks = ct.cdiv(x.shape[3], BLOCK_P)
-    c = cp // p_blocks
-    pb = cp % p_blocks
+    i_c = i_cp // p_blocks
+    i_p = i_cp % p_blocks
     T_PER_CHUNK = CHUNK // BLOCK_T
-    g = hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
+    i_g = i_hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
     # token blocks that hold real tokens (a block wholly past seqlen is neither loaded nor stored)
-    t_blocks = ct.minimum(T_PER_CHUNK, ct.cdiv(seqlen - c * CHUNK, BLOCK_T))
+    t_blocks = ct.minimum(T_PER_CHUNK, ct.cdiv(seqlen - i_c * CHUNK, BLOCK_T))
 
-    # Each head carries its state S, [BLOCK_P, DSTATE], through the chunk: before token block i
-    # it is the state after the block's previous token (the chunk's entering state for i = 0),
-    # and a_before is dA_cumsum at that token (0 at the chunk's start). A block's tokens see the
-    # earlier blocks through S alone, so x, B and C are read once per chunk: y_t =
+    # Each head carries its state S, [BLOCK_P, DSTATE], through the chunk: before token block
+    # i_tc it is the state after the block's previous token (the chunk's entering state for the
+    # first block), and a_before is dA_cumsum at that token (0 at the chunk's start). A block's
+    # tokens see the earlier blocks through S alone, so x, B and C are read once per chunk: y_t =
     # 2^(a_t - a_before) S . C_t^T + the block's own causal term (C_t . B_s^T o L) (dt_s x_s).
     # y is accumulated transposed, y^T [BLOCK_P, BLOCK_T], so that x^T is a product's first
-    # operand (on the H200 this order ran 1.19 -> 0.98 ms on the Mamba-2 2.7B row against y with
-    # x second; benchmarks/NOTES.md, runs 6 and 7). The heads' tiles are tuples unrolled at
-    # compile time, so every product stays two-dimensional.
+    # operand (DECISIONS.md "compute_out: transposed accumulator"). The heads' tiles are tuples
+    # unrolled at compile time, so every product stays two-dimensional.
     states = ()
     a_befores = ()
-    for k in ct.static_iter(range(HEADS)):
-        S = ct.load(chunk_states, (b, c, hb * HEADS + k, pb, 0),
+    for i_k in ct.static_iter(range(HEADS)):
+        S = ct.load(chunk_states, (i_b, i_c, i_hb * HEADS + i_k, i_p, 0),
                     shape=(1, 1, 1, BLOCK_P, DSTATE), padding_mode=ct.PaddingMode.ZERO)
         states += (ct.reshape(S, (BLOCK_P, DSTATE)),)
         a_befores += (ct.zeros((1, 1), dtype=ct.float32),)  # [1, 1]
@@ -250,87 +233,79 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
     causal = rows <= cols  # causal: s <= t
 
-    for i in range(t_blocks):
-        tb = c * T_PER_CHUNK + i
-        Ct = ct.load(C, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
+    for i_tc in range(t_blocks):
+        i_t = i_c * T_PER_CHUNK + i_tc
+        Ct = ct.load(C, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                      padding_mode=ct.PaddingMode.ZERO)
         CtT = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE))).astype(ct.tfloat32)  # [n, t]
-        Bt = ct.reshape(ct.load(B, (b, tb, g, 0), shape=(1, BLOCK_T, 1, DSTATE),
+        Bt = ct.reshape(ct.load(B, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                                 padding_mode=ct.PaddingMode.ZERO), (BLOCK_T, DSTATE))  # [s, n]
         Bt_tf32 = Bt.astype(ct.tfloat32)
         cbT = ct.mma(Bt_tf32, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
         new_states = ()
         new_a_befores = ()
-        for k in ct.static_iter(range(HEADS)):
-            h = hb * HEADS + k
-            a_t = ct.reshape(ct.load(dA_cumsum, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)),
+        for i_k in ct.static_iter(range(HEADS)):
+            i_h = i_hb * HEADS + i_k
+            a_t = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc), shape=(1, 1, 1, BLOCK_T)),
                              (1, BLOCK_T))  # [1, t]
             a_s = ct.reshape(a_t, (BLOCK_T, 1))  # [s, 1]
-            dt_s = ct.reshape(ct.load(dt_out, (b, h, c, i), shape=(1, 1, 1, BLOCK_T)),
+            dt_s = ct.reshape(ct.load(dt_out, (i_b, i_h, i_c, i_tc), shape=(1, 1, 1, BLOCK_T)),
                               (BLOCK_T, 1))  # [s, 1]
             # the state's term, [BLOCK_P, BLOCK_T]: 2^(a_t - a_before) S . C_t^T; clamp:
             # rounding must not make the decay > 1
-            acc = ct.mma(states[k].astype(ct.tfloat32), CtT,
+            acc = ct.mma(states[i_k].astype(ct.tfloat32), CtT,
                          ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
-            acc = acc * ct.exp2(ct.minimum(a_t - a_befores[k], 0.0))
+            acc = acc * ct.exp2(ct.minimum(a_t - a_befores[i_k], 0.0))
             # the block's own term: (dt_s x_s)^T (C_t . B_s^T o L)^T. L^T[s, t] = 2^(a_t - a_s):
             # a select on a clamped exponent, so 2^(positive) is never formed above the diagonal
             # and no inf * 0 can appear
             LT = ct.where(causal, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
-            xs = ct.load(x, (b, tb, h, pb), shape=(1, BLOCK_T, 1, BLOCK_P),
+            xs = ct.load(x, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
                          padding_mode=ct.PaddingMode.ZERO)
             xs = ct.reshape(xs, (BLOCK_T, BLOCK_P))
             xsT = ct.transpose(xs)  # [BLOCK_P, s]
             W = (cbT * LT * dt_s).astype(ct.tfloat32)  # [s, t]
             acc = ct.mma(xsT.astype(ct.tfloat32), W, acc)
             if HAS_D:  # the block's x is x_t: the skip term reads no more
-                acc = acc + _head_D(D, h, pb, BLOCK_P, D_PER_HEADDIM) * xsT
+                acc = acc + _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM) * xsT
             if HAS_Z:
-                acc = _z_gated(acc, z, b, tb, h, pb, BLOCK_T, BLOCK_P)
+                acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
             # rows past seqlen and columns past headdim are masked by the store
-            ct.store(y, (b, tb, h, pb), ct.reshape(ct.transpose(acc), (1, BLOCK_T, 1, BLOCK_P)))
+            ct.store(y, (i_b, i_t, i_h, i_p),
+                     ct.reshape(ct.transpose(acc), (1, BLOCK_T, 1, BLOCK_P)))
             if T_PER_CHUNK > 1:  # a chunk of one token block needs no state after it
                 # the state after the block, [BLOCK_P, DSTATE]: S 2^(a_last - a_before) +
                 # (w o x)^T B, w_s = dt_s 2^(a_last - a_s) (a_last: dA_cumsum at the block's last
                 # token, flat over a short chunk's padding)
-                a_last = ct.reshape(ct.load(dA_cumsum, (b, h, c, i * BLOCK_T + BLOCK_T - 1),
-                                            shape=(1, 1, 1, 1)), (1, 1))  # [1, 1]
-                carry = ct.exp2(ct.minimum(a_last - a_befores[k], 0.0))
+                a_last = ct.reshape(
+                    ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc * BLOCK_T + BLOCK_T - 1),
+                            shape=(1, 1, 1, 1)), (1, 1))  # [1, 1]
+                carry = ct.exp2(ct.minimum(a_last - a_befores[i_k], 0.0))
                 w = dt_s * ct.exp2(ct.minimum(a_last - a_s, 0.0))  # [s, 1], scales x's rows
                 new_states += (ct.mma(ct.transpose(xs * w).astype(ct.tfloat32), Bt_tf32,
-                                      states[k] * carry),)
+                                      states[i_k] * carry),)
                 new_a_befores += (a_last,)
         if T_PER_CHUNK > 1:
             states = new_states
             a_befores = new_a_befores
 
 
-# the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
-_compute_out = ct.kernel(int32_indexed(_compute_out_kernel), occupancy=OCCUPANCY)
-_compute_out_int64 = ct.kernel(_compute_out_kernel, occupancy=OCCUPANCY)
-# The program per chunk exists for float32 inputs, with int32 indices and without seq_idx only:
+# The kernel objects: int32 or int64 indices (kernels.arrays.needs_int64; DECISIONS.md "Index
+# width"). The program per chunk exists for float32 inputs, int32 indices and no seq_idx only:
 # tileiras 13.4 crashed (SIGFPE) compiling its int64 object with every option on, and, with
-# seq_idx, failed its loop schedule for sm_80 or crashed for sm_90 (segments carried through the
-# token blocks or read per block); narrow inputs take one head per program, where it does not
-# pay. Narrow inputs, seq_idx and arrays of 2^31 elements or more take token blocks.
-_compute_out_chunk = ct.kernel(int32_indexed(_compute_out_chunk_kernel), occupancy=OCCUPANCY)
-# Occupancy hints a tuned choice may take (kernels.tuning); the kernel objects by (layout, int64
-# indices, hint), each made once here (an object made per call would be dispatched anew).
-TUNED_OCCUPANCIES = (1, 2)
-_KERNELS = {(lay, int64, OCCUPANCY): k for lay, int64, k in (
+# seq_idx, failed its loop schedule for sm_80 or crashed for sm_90.
+_compute_out = ct.kernel(int32_indexed(_compute_out_kernel), occupancy=RULES_OCCUPANCY)
+_compute_out_int64 = ct.kernel(_compute_out_kernel, occupancy=RULES_OCCUPANCY)
+_compute_out_chunk = ct.kernel(int32_indexed(_compute_out_chunk_kernel),
+                               occupancy=RULES_OCCUPANCY)
+# by (layout, int64 indices, occupancy hint), each made once here (an object made per call
+# would be dispatched anew)
+_KERNELS = {(lay, int64, RULES_OCCUPANCY): k for lay, int64, k in (
     ("token_blocks", False, _compute_out), ("token_blocks", True, _compute_out_int64),
     ("whole_chunks", False, _compute_out_chunk))}
 _KERNELS.update({(lay, int64, occ): k.replace_hints(occupancy=occ)
                  for (lay, int64, _), k in list(_KERNELS.items())
-                 for occ in TUNED_OCCUPANCIES if occ != OCCUPANCY})
-
-
-class Choice(NamedTuple):
-    """What a compute_out launch chooses beyond its shapes: its program layout (LAYOUTS), the
-    heads of a group a program takes, and the occupancy hint."""
-    layout: str
-    heads: int
-    occupancy: int
+                 for occ in OCCUPANCIES if occ != RULES_OCCUPANCY})
 
 
 def heads_per_program(heads_per_group: int, max_heads: int) -> int:
@@ -343,21 +318,19 @@ def heads_per_program(heads_per_group: int, max_heads: int) -> int:
 
 
 def layout(chunk_size: int, block_t: int, dstate_tile: int, heads: int, programs: int,
-           sm_count: int) -> str:
-    """The program layout the launcher takes where both can run (see LAYOUTS), unless layout_as
-    forces one; `programs`: the grid of a program per chunk."""
-    if _LAYOUT is not None:
-        return _LAYOUT
+           sm_count) -> str:
+    """The program layout the rules take where both can run (see WHOLE_CHUNK_*); `programs`:
+    the grid of a program per chunk."""
     pays = (heads > 1 and chunk_size >= WHOLE_CHUNK_MIN_BLOCKS * block_t
             and dstate_tile == WHOLE_CHUNK_DSTATE and programs >= WHOLE_CHUNK_MIN_WAVES * sm_count)
     return "whole_chunks" if pays else "token_blocks"
 
 
-def _tiles(x, B, dt_out) -> tuple[int, int, int, int]:
-    """(chunk_size, BLOCK_T, BLOCK_P, DSTATE tile) of a launch."""
+def _tiles(x, B, dt_out, block_t: int) -> tuple[int, int, int, int]:
+    """(chunk_size, BLOCK_T, BLOCK_P, DSTATE tile) of a launch whose choice has `block_t`."""
     headdim, dstate, chunk_size = int(x.shape[3]), int(B.shape[3]), int(dt_out.shape[3])
     dstate_tile = pow2_tile(dstate, lo=MMA_MIN)
-    block_t = max(MMA_MIN, min(chunk_size, MAX_BLOCK_T, TILE_ELEMENTS // dstate_tile))
+    block_t = max(MMA_MIN, min(chunk_size, block_t, block_t * TILE_DSTATE // dstate_tile))
     return chunk_size, block_t, pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P), dstate_tile
 
 
@@ -379,7 +352,7 @@ def _int64(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> bool:
 
 def compute_out_signature(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> tuple:
     """What a launch's choice may depend on: the dtype, the dimensions, the options and the index
-    width (the key of a tuned choice, kernels.tuning)."""
+    width (the key of a tuned choice, kernels.tuning_table)."""
     return _signature(x, B, dt_out, D, z, seg,
                       _int64(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y))
 
@@ -392,39 +365,47 @@ def _signature(x, B, dt_out, D, z, seg, int64: bool) -> tuple:
 
 
 def compute_out_choices(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> list[Choice]:
-    """Every choice a launch of these arrays can run (what kernels.tuning searches): token blocks,
-    and the program per chunk where it exists (float32, int32 indices, no seq_idx) with a state
-    tile of at most WHOLE_CHUNK_DSTATE; each power of two of a group's heads up to MAX_HEADS, one
-    where a chunk is a single token block (tileiras 13.4 fails several there, see MAX_HEADS);
-    each occupancy hint of TUNED_OCCUPANCIES."""
+    """The CHOICES a launch of these arrays can run (what kernels.tuning searches), each distinct
+    launch once: the program per chunk where it exists (float32, int32 indices, no seq_idx) with
+    a state tile of at most WHOLE_CHUNK_DSTATE; heads that divide a group's, one where a chunk
+    is a single token block; a token block that clamps to the same extent as an earlier one of
+    BLOCK_TS is left out."""
     return _choices(x, B, dt_out, seg,
                     _int64(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y))
 
 
 def _choices(x, B, dt_out, seg, int64: bool) -> list[Choice]:
-    chunk_size, block_t, _, dstate_tile = _tiles(x, B, dt_out)
-    layouts = ["token_blocks"]
-    if _whole_chunks_run(x, seg, int64) and dstate_tile <= WHOLE_CHUNK_DSTATE:
-        layouts.append("whole_chunks")
-    max_heads = heads_per_program(int(x.shape[2]) // int(B.shape[2]),
-                                  MAX_HEADS if chunk_size > block_t else 1)
-    heads = [h for h in (1, 2, 4, 8, 16) if h <= max_heads]
-    return [Choice(lay, h, occ) for lay in layouts for h in heads for occ in TUNED_OCCUPANCIES]
+    per_group = int(x.shape[2]) // int(B.shape[2])
+    whole_chunks = _whole_chunks_run(x, seg, int64)
+    found, launches = [], set()
+    for choice in CHOICES:
+        chunk_size, block_t, _, dstate_tile = _tiles(x, B, dt_out, choice.block_t)
+        if choice.layout == "whole_chunks" and not (whole_chunks
+                                                    and dstate_tile <= WHOLE_CHUNK_DSTATE):
+            continue
+        max_heads = heads_per_program(per_group, max(HEADS) if chunk_size > block_t else 1)
+        if choice.heads > max_heads or max_heads % choice.heads:
+            continue
+        launch = (choice.layout, choice.heads, choice.occupancy, block_t)
+        if launch not in launches:
+            launches.add(launch)
+            found.append(choice)
+    return found
 
 
 def rules_choice(x, B, dt_out, seg, int64: bool, sm_count) -> Choice:
-    """The choice of the launcher's rules (MAX_HEADS, layout(), OCCUPANCY: measured on the
-    H200), layout_as's override included; `int64`: the launch's index width."""
+    """The choice of the launcher's rules (RULES_*, layout()); `int64`: the launch's index
+    width."""
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
-    chunk_size, block_t, block_p, dstate_tile = _tiles(x, B, dt_out)
-    max_heads = MAX_HEADS if chunk_size > block_t and dtype_name(x) == "float32" else 1
+    chunk_size, block_t, block_p, dstate_tile = _tiles(x, B, dt_out, RULES_BLOCK_T)
+    max_heads = RULES_HEADS if chunk_size > block_t and dtype_name(x) == "float32" else 1
     heads = heads_per_program(nheads // int(B.shape[2]), max_heads)
     chunk_programs = -(-seqlen // chunk_size) * -(-headdim // block_p) * (nheads // heads) * batch
-    # the program per chunk: float32, int32 indices and no seq_idx only (_compute_out_chunk)
     runs = (_whole_chunks_run(x, seg, int64)
             and layout(chunk_size, block_t, dstate_tile, heads, chunk_programs,
                        sm_count) == "whole_chunks")
-    return Choice("whole_chunks" if runs else "token_blocks", heads, OCCUPANCY)
+    return Choice("whole_chunks" if runs else "token_blocks", heads, RULES_OCCUPANCY,
+                  RULES_BLOCK_T)
 
 
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count,
@@ -432,27 +413,28 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
     """(kernel, grid, kernel args) of compute_out: the one place its program layout, its tiles,
     its heads per program and its kernel object (index width, occupancy hint) are chosen.
 
-    Reads only shapes and x's dtype (and layout_as's override), so the compile gate derives its
-    signatures from here too (the rules' choices; a tuned choice compiles where it is searched).
-    `seg` is the (batch, seqlen) int32 segment ids, or None; `sm_count`: the device's SMs. The
-    choice is `choice` where given, else the device's tuned choice for this signature where
-    `tuned` (a mapping, kernels.tuning.table) has one and layout_as forces none, else the rules'
-    (rules_choice); a given or tuned choice must be one of compute_out_choices.
+    Reads only shapes and x's dtype, so the compile gate derives its signatures from here too
+    (the rules' choices; a tuned choice compiles where it is searched). `seg` is the (batch,
+    seqlen) int32 segment ids, or None; `sm_count`: the device's SMs. The choice is `choice`
+    where given, else the device's tuned choice for this signature where `tuned` (a mapping,
+    kernels.tuning_table.table) has one, else the rules' (rules_choice); a given or tuned choice
+    must be one of compute_out_choices.
     """
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
-    chunk_size, block_t, block_p, dstate_tile = _tiles(x, B, dt_out)
     options = (D is not None, D is not None and len(D.shape) == 2, z is not None)
     arrays = _arrays(x, B, C, dt_out, dA_cumsum, chunk_states, D, z)
     int64 = needs_int64(*arrays, y, seg)
     given = choice is not None
-    if not given and tuned and _LAYOUT is None:
-        choice = tuned.get(_signature(x, B, dt_out, D, z, seg, int64))
+    if not given and tuned:
+        entry = tuned.get(_signature(x, B, dt_out, D, z, seg, int64))
+        choice = None if entry is None else Choice(*entry)
     if choice is not None and choice not in _choices(x, B, dt_out, seg, int64):
         raise ValueError(f"{'choice' if given else 'tuned choice'}: {choice} is not one that "
                          f"compute_out can run on this shape ({compute_out_choices.__name__}); "
-                         f"a tuning file of another version? (kernels.tuning)")
+                         f"a tuning file of another version? (kernels.tuning_table)")
     if choice is None:
         choice = rules_choice(x, B, dt_out, seg, int64, sm_count)
+    chunk_size, block_t, block_p, dstate_tile = _tiles(x, B, dt_out, choice.block_t)
     kernel = _KERNELS[choice.layout, int64, choice.occupancy]
     tiles = (chunk_size, block_t, block_p, dstate_tile, choice.heads)
     if choice.layout == "whole_chunks":
@@ -483,9 +465,8 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     D, z = backend.contiguous_float32(D), backend.contiguous(z)
     seg = backend.segment_ids(seq_idx)
     y = backend.empty(dims.shape("y"), like=x)
-    from kernels import tuning  # imports this module
     launch = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y,
-                                backend.sm_count, tuning.table(backend), choice)
+                                backend.sm_count, tuning_table.table(backend), choice)
     if check_values and D is not None:  # last before the launch, as in ssd_forward
         check_vector_values(D=D)
     backend.launch(*launch)

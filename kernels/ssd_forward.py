@@ -3,12 +3,14 @@ mamba_ssm's mamba_chunk_scan_combined, same argument order)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from contextlib import contextmanager
+from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any, NamedTuple
 
 from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values
-from kernels import tuning
+from kernels import tuning_table
 from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
@@ -17,45 +19,67 @@ from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
 # On the GPU an even batch runs as BATCH_PARTS slices of the batch, each its three kernels in
 # order, the second slice on a side stream (Backend.launch_parts), where fwd_pass_state's
 # in-order grid for the whole batch has more than SPLIT_MIN_WAVES programs per SM: its last wave
-# then leaves SMs idle, which the other slice's compute_out takes. Each slice sizes its grids
-# for its share of the SMs, so it chooses the tiles and modes the whole batch would (its index
-# width may narrow to int32 where the slice stays below 2^31 elements); results are
-# bit-identical to the whole batch's. H200, ssd_forward without the value read, whole -> two
-# slices (benchmarks/NOTES.md, run 28): Mamba-2 2.7B row (320 programs on 132 SMs) 1.082 ->
-# 1.032 ms (bf16 0.935 -> 0.850), chunk 64 (320) 1.058 -> 0.943; not where the grid is one
-# wave: 8 groups (256) 0.528 -> 0.528, 130m (192) 0.346 -> 0.343, batch 2 at 4096 tokens (160)
-# 0.567 -> 0.564. Four slices were no better (1.043 on 2.7B). A split call takes more host time
-# (run 31: 272 against 185 us a call behind queued work, 2.7B row), so it is kept to where it
-# pays.
+# then leaves SMs idle, which the other slice's compute_out takes. A split call takes more host
+# time, so it is kept to where it pays (benchmarks/DECISIONS.md "ssd_forward: batch slices").
+# Each slice sizes its grids for its share of the SMs, so it chooses the tiles and modes the
+# whole batch would (its index width may narrow to int32 where the slice stays below 2^31
+# elements); results are bit-identical to the whole batch's.
 BATCH_PARTS = 2
 SPLIT_MIN_WAVES = 2
-_BATCH_PARTS: int | None = None  # batch_parts_as's override
 
 
-@contextmanager
-def batch_parts_as(parts: int):
-    """Within the block, ssd_forward runs the batch as `parts` slices (at most one per batch
-    element) whatever the backend and the batch: tests run the split on the interpreter and
-    compare it with the whole (parts=1) on the GPU."""
-    global _BATCH_PARTS
-    if not (isinstance(parts, int) and parts >= 1):
-        raise ValueError(f"parts: must be a positive int, got {parts!r}")
-    previous, _BATCH_PARTS = _BATCH_PARTS, parts
-    try:
-        yield
-    finally:
-        _BATCH_PARTS = previous
+@dataclass(frozen=True)
+class ForwardArrays:
+    """One forward's arrays (checked, contiguous, outputs allocated) and options, as the launchers
+    take them: `seg` is the (batch, seqlen) int32 segment ids of seq_idx, or None."""
+    x: Any
+    dt: Any
+    A: Any
+    B: Any
+    C: Any
+    D: Any
+    z: Any
+    dt_bias: Any
+    initial_states: Any
+    seg: Any
+    dt_softplus: bool
+    dt_limit: tuple[float, float]
+    dt_out: Any
+    dA_cumsum: Any
+    chunk_states: Any
+    final_states: Any
+    y: Any
+
+    # every array but A, D and dt_bias is batch-first and C-contiguous
+    BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "seg", "dt_out", "dA_cumsum",
+                   "chunk_states", "final_states", "y")
+
+    def batch_slice(self, lo: int, hi: int) -> ForwardArrays:
+        """The forward of batch elements lo..hi-1: contiguous views of the batch-first arrays."""
+        return dataclasses.replace(self, **{
+            name: None if getattr(self, name) is None else getattr(self, name)[lo:hi]
+            for name in self.BATCH_FIRST})
+
+    def compute_out_arrays(self) -> tuple:
+        """compute_out_launch's arrays: (x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg,
+        y)."""
+        return (self.x, self.B, self.C, self.dt_out, self.dA_cumsum, self.chunk_states, self.D,
+                self.z, self.seg, self.y)
 
 
-def batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=()) -> int:
+class ForwardPart(NamedTuple):
+    """A slice of the batch and the SMs it sizes its grids for."""
+    arrays: ForwardArrays
+    sm_count: Fraction
+
+
+def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=()) -> int:
     """How many batch slices ssd_forward runs concurrently (see BATCH_PARTS): on a GPU of
     `sm_count` SMs, an even batch whose in-order fwd_pass_state grid exceeds SPLIT_MIN_WAVES
     programs per SM and whose second slice starts 16-byte aligned in every batch-first array
     the call has (ct.launch specializes kernels on the alignment: a misaligned slice would lose
     TMA loads). `itemsize`: the activations' (x, B, C, z, y); `given`: the optional batch-first
     arrays passed (z, initial_states, seq_idx)."""
-    if _BATCH_PARTS is not None:
-        return min(_BATCH_PARTS, dims.batch)
     if kind == "numpy" or dims.batch % BATCH_PARTS:
         return 1
     programs = in_order_programs(dims.batch, dims.nheads, dims.headdim, dims.dstate)
@@ -75,7 +99,7 @@ _NARROW = ("x", "B", "C", "z", "y")
 
 def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                 seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-                return_final_states=False, *, check_values=True):
+                return_final_states=False, *, check_values=True, batch_parts=None):
     """y (batch, seqlen, nheads, headdim), or (y, final_states) with return_final_states;
     arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the GPU, on the
     current stream). x, B, C, z: float32, bfloat16 or float16, all four alike (read in that
@@ -85,9 +109,10 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     Every argument is checked before the first launch; then the three kernels run in order
     (forward_launches); on the GPU, for large even batches, for each of two batch slices, the
     second slice on a side stream forked from and joined into the current one (BATCH_PARTS;
-    results bit-identical to the whole batch's). Checking the values of A, D and dt_bias (A < 0,
-    all finite) copies them to the host: a synchronisation per call, which waits for the work
-    already queued on the GPU.
+    results bit-identical to the whole batch's). `batch_parts` (keyword only): run the batch as
+    that many slices (at most one per element) instead of the rule's count; 1 never splits.
+    Checking the values of A, D and dt_bias (A < 0, all finite) copies them to the host: a
+    synchronisation per call, which waits for the work already queued on the GPU.
     It comes last, after the shape checks, the allocations and the launch arguments, so that the
     GPU idles only for the host's launch of the first kernel after it. `check_values=False`
     (keyword only) leaves that check out, for CUDA graph capture and timing loops whose vectors
@@ -95,9 +120,10 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     are still checked).
     """
     backend, parts, y, final_states = prepare_forward(
-        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit)
-    table = tuning.table(backend)
-    plan = [forward_launches(**part, tuned=table) for part in parts]
+        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
+        batch_parts)
+    table = tuning_table.table(backend)
+    plan = [forward_launches(*part, tuned=table) for part in parts]
     if check_values:
         check_vector_values(A, D=D, dt_bias=dt_bias)
     backend.launch_parts(plan)
@@ -105,10 +131,12 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
 
 
 def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                    dt_softplus, dt_limit):
-    """(backend, forward_parts, y, final_states): ssd_forward's arguments checked (all but the
+                    dt_softplus, dt_limit, batch_parts=None):
+    """(backend, [ForwardPart], y, final_states): ssd_forward's arguments checked (all but the
     values of A, D and dt_bias), made contiguous, its outputs allocated, the batch sliced
-    (batch_parts)."""
+    (`batch_parts` slices, or rules_batch_parts' count where None)."""
+    if batch_parts is not None and not (isinstance(batch_parts, int) and batch_parts >= 1):
+        raise ValueError(f"batch_parts: must be a positive int or None, got {batch_parts!r}")
     backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
@@ -125,56 +153,37 @@ def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
         backend.empty(dims.shape(n)) for n in ("dt_out", "dA_cumsum", "chunk_states",
                                                "final_states"))
     y = backend.empty(dims.shape("y"), like=x)
-    given = [n for n, a in (("z", z), ("initial_states", initial_states), ("seq_idx", seq_idx))
-             if a is not None]
-    parts = forward_parts(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
-                          dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y,
-                          backend.sm_count, batch_parts(dims, backend.kind, x.dtype.itemsize,
-                                                        backend.sm_count, given))
-    return backend, parts, y, final_states
+    if batch_parts is None:
+        given = [n for n, a in (("z", z), ("initial_states", initial_states),
+                                ("seq_idx", seq_idx)) if a is not None]
+        batch_parts = rules_batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
+                                        given)
+    arrays = ForwardArrays(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
+                           dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y)
+    return (backend, forward_parts(arrays, backend.sm_count, min(batch_parts, dims.batch)), y,
+            final_states)
 
 
-def forward_plan(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
-                 dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, parts):
+def forward_plan(arrays: ForwardArrays, sm_count, parts: int) -> list[list[tuple]]:
     """The launches of one forward as `parts` slices of the batch, by the launchers' rules:
     [forward_launches of each] (forward_parts)."""
-    return [forward_launches(**part) for part in forward_parts(
-        x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit, dt_out,
-        dA_cumsum, chunk_states, final_states, y, sm_count, parts)]
+    return [forward_launches(*part) for part in forward_parts(arrays, sm_count, parts)]
 
 
-def forward_parts(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
-                  dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, parts):
-    """forward_launches' arguments for each of `parts` slices of the batch.
+def forward_parts(arrays: ForwardArrays, sm_count, parts: int) -> list[ForwardPart]:
+    """The forward as `parts` slices of the batch.
 
-    Every array but A, D and dt_bias is batch-first and C-contiguous, so a slice of its batch is
-    a contiguous view. A slice of batch b_k of the whole batch b sizes its grids for
-    sm_count * b_k / b SMs (a Fraction: the launchers only compare program counts with it), so
-    that it takes the choices the whole would take on the device.
+    A slice of batch b_k of the whole batch b sizes its grids for sm_count * b_k / b SMs (a
+    Fraction: the launchers only compare program counts with it), so that it takes the choices
+    the whole would take on the device.
     """
-    batch = int(x.shape[0])
+    batch = int(arrays.x.shape[0])
     bounds = [batch * k // parts for k in range(parts + 1)]
-    out = []
-    for lo, hi in zip(bounds, bounds[1:]):
-        part = lambda a: None if a is None else a[lo:hi]  # noqa: E731
-        out.append(dict(
-            x=part(x), dt=part(dt), A=A, B=part(B), C=part(C), D=D, z=part(z), dt_bias=dt_bias,
-            initial_states=part(initial_states), seg=part(seg), dt_softplus=dt_softplus,
-            dt_limit=dt_limit, dt_out=part(dt_out), dA_cumsum=part(dA_cumsum),
-            chunk_states=part(chunk_states), final_states=part(final_states), y=part(y),
-            sm_count=Fraction(sm_count * (hi - lo), batch)))
-    return out
+    return [ForwardPart(arrays.batch_slice(lo, hi), Fraction(sm_count * (hi - lo), batch))
+            for lo, hi in zip(bounds, bounds[1:])]
 
 
-def compute_out_arrays(part: dict) -> tuple:
-    """compute_out_launch's arrays (x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) of a
-    part of forward_parts."""
-    return tuple(part[n] for n in ("x", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "D",
-                                   "z", "seg", "y"))
-
-
-def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus, dt_limit,
-                     dt_out, dA_cumsum, chunk_states, final_states, y, sm_count, tuned=None):
+def forward_launches(arrays: ForwardArrays, sm_count, tuned=None) -> list[tuple]:
     """The launches of one forward, in order: [(kernel, grid, args)].
 
     Reads only shapes and dtypes (and which optional arrays are given) and the device's SM
@@ -185,10 +194,11 @@ def forward_launches(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_soft
        when the chunks go in parallel)
     3. compute_out: y
     """
+    a = arrays
     return [
-        chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit),
-        *fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
-                                 final_states, sm_count),
-        compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count,
-                           tuned),
+        chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
+                            a.dt_limit),
+        *fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,
+                                 a.chunk_states, a.final_states, sm_count),
+        compute_out_launch(*a.compute_out_arrays(), sm_count, tuned),
     ]

@@ -8,6 +8,8 @@ the kernels run on the CPU tile interpreter) or 'gpu' (CuPy arrays).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -17,9 +19,11 @@ from hypothesis import strategies as st
 
 import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
-from kernels.arrays import outputs_filled_with, sm_count_as
-from kernels.compute_out import OCCUPANCY, TUNED_OCCUPANCIES, compute_out_choices
-from kernels.fwd_pass_state import MODE_SM_COUNTS, modes
+from kernels.arrays import Backend, gpu_available
+from kernels.compute_out import BLOCK_TS, OCCUPANCIES, RULES_BLOCK_T, RULES_OCCUPANCY
+from kernels.compute_out import compute_out_choices
+from kernels.fwd_pass_state import modes
+from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
 from properties.profiles import caps
@@ -31,7 +35,6 @@ BACKENDS = ("interpreter", "gpu")
 def resolve_backend(choice: str) -> str:
     """'gpu' or 'interpreter' for a command line's --backend (auto: GPU if one is present),
     with the same device detection as pytest's `backend` fixture (conftest.py)."""
-    from conftest import gpu_available
     if choice == "auto":
         return "gpu" if gpu_available() else "interpreter"
     if choice == "gpu" and not gpu_available():
@@ -54,6 +57,23 @@ def to_backend(a, backend: str):
 
 def to_host(a) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+@contextlib.contextmanager
+def outputs_filled_with(value: float):
+    """Within the block, every output the launchers allocate (Backend.empty) is filled with
+    `value` first: NaN makes an element no program writes fail every comparison."""
+    empty = Backend.empty
+
+    def filled(self, shape, like=None):
+        out = empty(self, shape, like)
+        out[...] = value
+        return out
+    Backend.empty = filled
+    try:
+        yield
+    finally:
+        Backend.empty = empty
 
 
 def _call(kernel, backend: str, *args, **kwargs):
@@ -291,8 +311,9 @@ def _exact_upstream(p: Problem):
 
 def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     """fwd_pass_state alone (fp32-exact dt_out, dA_cumsum), in each mode it may run at p's chunk
-    size (in order; chunks in parallel then the pass: the device's SM count picks one,
-    sm_count_as forces each): chunk_states and final_states within kappa('fwd_pass_state') u M."""
+    size (in order; chunks in parallel then the pass: the device's SM count picks one, `choice`
+    forces each, with the rules' tiles): chunk_states and final_states within
+    kappa('fwd_pass_state') u M."""
     d = p.dims
     dt_out, dA, _ = _exact_upstream(p)
     states_ref, final_ref = R.fwd_pass_state_ref(p.x, p.B, dt_out, dA, p.initial_states,
@@ -302,10 +323,10 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate)
     floor = _floor(p, dt_out, states_M, final_M)
     metrics = []
+    rules = fwd_pass_state_rules(d.batch, d.nheads, d.headdim, d.dstate, d.chunk_size, 1)
     for mode in modes(d.chunk_size):
-        with sm_count_as(MODE_SM_COUNTS[mode]):
-            states, final = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA,
-                                  p.initial_states, p.seq_idx)
+        states, final = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states,
+                              p.seq_idx, choice=rules._replace(mode=mode))
         metrics += [
             check_close(f"fwd_pass_state ({mode}) chunk_states", states, states_ref,
                         tf32_bound(states_M, k) + floor, states_M, p, floor=floor),
@@ -317,8 +338,8 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
 def compute_out_alone(p: Problem, backend: str) -> dict:
     """compute_out alone (fp32-exact dt_out, dA_cumsum, chunk_states) in every choice it can run
     on the shape (compute_out_choices: each program layout and number of heads per program that
-    the rules or a tuned table may launch), at the occupancy hint the example draws: y within
-    kappa('compute_out') u M."""
+    the rules or a tuned table may launch), at the occupancy hint and token block the example
+    draws: y within kappa('compute_out') u M."""
     d = p.dims
     dt_out, dA, states = _exact_upstream(p)
     args = (p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx)
@@ -326,19 +347,25 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
     M = R.compute_out_magnitude(*args)
     bound = tf32_bound(M, kappa("compute_out", d.seqlen, d.chunk_size, d.dstate))
     floor = _floor(p, dt_out, states)
-    # a stored reproducer without the parameter runs at the launcher's hint
-    occupancy = p.params.get("occupancy", OCCUPANCY)
-    # seq_idx stands in for its segment ids and x for y: the choices read shapes and dtypes
-    choices = [c for c in compute_out_choices(*args, p.x) if c.occupancy == occupancy]
-    if not choices:  # a property that checked nothing must not pass
+    # a stored reproducer without the parameters runs at the launcher's hint and token block
+    occupancy = p.params.get("occupancy", RULES_OCCUPANCY)
+    block_t = p.params.get("block_t", RULES_BLOCK_T)
+    # seq_idx stands in for its segment ids and x for y: the choices read shapes and dtypes;
+    # a token block that clamps to an earlier one's extent is not a choice of its own
+    choices = [c for c in compute_out_choices(*args, p.x)
+               if c.occupancy == occupancy and c.block_t == block_t]
+    if not choices and block_t == RULES_BLOCK_T:  # a property that checked nothing must not pass
         raise ValueError(f"compute_out_alone: no choice at occupancy {occupancy!r} "
-                         f"(TUNED_OCCUPANCIES {TUNED_OCCUPANCIES})\n  {p.describe()}")
+                         f"(OCCUPANCIES {OCCUPANCIES})\n  {p.describe()}")
+    if not choices:  # the drawn token block clamps to the rules' extent here: run those
+        choices = [c for c in compute_out_choices(*args, p.x)
+                   if c.occupancy == occupancy and c.block_t == RULES_BLOCK_T]
     metrics = []
     for choice in choices:
         y = _call(compute_out, backend, *args, choice=choice)
         metrics.append(check_close(
-            f"compute_out ({choice.layout}, {choice.heads} heads, occupancy {occupancy}) y", y,
-            y_ref, bound + floor, M, p, floor=floor))
+            f"compute_out ({choice.layout}, {choice.heads} heads, occupancy {occupancy}, "
+            f"block_t {choice.block_t}) y", y, y_ref, bound + floor, M, p, floor=floor))
     return _merge(*metrics)
 
 
@@ -527,9 +554,10 @@ def _with(strategy, **params):
     return draw_case()
 
 
-# the launcher's own hint first: Hypothesis draws a sampled_from's first element most often (the
-# ci examples: 83 of 100 against 17), and the rules launch every kernel at that hint
-_OCCUPANCIES = (OCCUPANCY, *(o for o in TUNED_OCCUPANCIES if o != OCCUPANCY))
+# the launcher's own hint and token block first: Hypothesis draws a sampled_from's first element
+# most often (the ci examples: 83 of 100 against 17), and the rules launch every kernel at them
+_OCCUPANCIES = (RULES_OCCUPANCY, *(o for o in OCCUPANCIES if o != RULES_OCCUPANCY))
+_BLOCK_TS = (RULES_BLOCK_T, *(t for t in BLOCK_TS if t != RULES_BLOCK_T))
 
 
 def _seeds(p):
@@ -566,7 +594,8 @@ PROPERTIES = {prop.name: prop for prop in [
     # block's own term (carried=True), so an error in that carry shows above the bound
     Property("compute_out_alone", compute_out_alone, lambda: _with(
         st.one_of(problems(), problems(shared_heads=True, segments=False, carried=True)),
-        occupancy=lambda p: st.sampled_from(_OCCUPANCIES))),
+        occupancy=lambda p: st.sampled_from(_OCCUPANCIES),
+        block_t=lambda p: st.sampled_from(_BLOCK_TS))),
     Property("causal_prefix", causal_prefix, lambda: _with(
         problems(min_seqlen=2), t=lambda p: st.integers(0, p.dims.seqlen - 2),
         large=lambda p: st.booleans(), seed=_seeds)),

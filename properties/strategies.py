@@ -19,14 +19,14 @@ from hypothesis import strategies as st
 
 import reference as R
 from contract import Dims
-from kernels.compute_out import MAX_BLOCK_T
+from kernels.compute_out import RULES_BLOCK_T
 from properties.profiles import Caps, caps
 
 PRIMES = (2, 3, 5, 7, 11, 13, 17, 31, 61, 127, 251, 257, 509, 1021)
 DT_LIMITS = ((0.0, math.inf), (1e-3, math.inf), (0.0, 0.1), (1e-4, 1.0))
-# the least chunk that holds two of compute_out's token blocks (MAX_BLOCK_T tokens at most), which
-# its programs over several heads of a group need
-SHARED_HEADS_MIN_CHUNK = 2 * MAX_BLOCK_T
+# the least chunk that holds two of compute_out's token blocks of the rules' extent
+# (RULES_BLOCK_T tokens at most), which its programs over several heads of a group need
+SHARED_HEADS_MIN_CHUNK = 2 * RULES_BLOCK_T
 
 
 @dataclass(frozen=True)

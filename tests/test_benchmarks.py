@@ -17,7 +17,6 @@ within the same bound of unit u_bf16 (properties.bounds.comparator_narrow_bounds
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import subprocess
@@ -209,7 +208,7 @@ def _cutile(row, op, check_values=True):
     time is what the gate compares.
     """
     import kernels
-    from kernels.arrays import outputs_filled_with
+    from properties.checks import outputs_filled_with
     Q = row.chunk_size
 
     def forward(x, dt, A, B, C, D):
@@ -784,18 +783,191 @@ def test_review_gate_fails_on_a_rerun_that_gives_nothing(tmp_path, rc, writes, s
     assert gate.benchmark_gate(run, tmp_path, baseline=base) == status
 
 
-def test_sweep_variants_and_ablations_apply_to_the_kernel_source(tmp_path):
-    """Every sweep variant's and ablation's edits match the committed kernels (load_variant
-    refuses an edit that does not match exactly its count) and its constants exist."""
+SWEEP_SM_COUNT = 132  # the H200's
+
+
+def _sweep_runnable(sweep, kernel, config):
+    """The rules' choice and the declared choices the row's shape can run, straight from the
+    kernel module (what sweep_choices must draw from)."""
+    mod = sweep.kernel_module(kernel)
+    a = sweep.stand_ins(config)
+    batch, _, nheads, headdim, dstate, _, chunk = config
+    if kernel == "chunk_cumsum":
+        return mod.rules_choice(), list(mod.CHOICES)
+    if kernel == "fwd_pass_state":
+        return (mod.rules_choice(batch, nheads, headdim, dstate, chunk, SWEEP_SM_COUNT),
+                [c for c in mod.CHOICES if c.mode in mod.modes(chunk)])
+    arrays = sweep.compute_out_arrays(a)
+    return (mod.rules_choice(a["x"], a["B"], a["dt_out"], None, False, SWEEP_SM_COUNT),
+            mod.compute_out_choices(*arrays))
+
+
+@pytest.mark.parametrize("row", list(ANCHORS))
+def test_sweep_times_the_rules_choice_and_its_neighbours(row):
+    """On every anchor row, each kernel's sweep is the rules' choice first (once), then declared
+    choices the shape can run that differ from it in exactly one field; every runnable choice one
+    field away is timed unless its launches equal one timed before it (then it is named as
+    such); --all is every runnable choice, each distinct launch once."""
     from benchmarks import sweep
-    for ablate in (False, True):
-        for module, entries in sweep.variant_lists(ablate, {}):
-            for tag, constants, edits, _, source in entries:
-                mod = sweep.load_variant(module, constants, edits, tmp_path, f"{tag}_{ablate}",
-                                         source)
-                launch = getattr(mod, sweep.LAUNCHERS[module])
-                parameters = inspect.signature(launch).parameters
-                assert all(k in parameters for k in sweep.LAUNCH_ARGS if k in constants), tag
+    config = ANCHORS[row]
+    for kernel in sweep.KERNELS:
+        mod = sweep.kernel_module(kernel)
+        rules, runnable = _sweep_runnable(sweep, kernel, config)
+        timed, same = sweep.sweep_choices(kernel, config, SWEEP_SM_COUNT)
+        names = [n for n, _ in timed]
+        assert timed[0] == (sweep.label(kernel, rules), rules), (row, kernel)
+        assert [c for _, c in timed].count(rules) == 1
+        assert len(set(names)) == len(names) and len(names) > 1
+        for name, choice in timed[1:]:
+            assert choice in mod.CHOICES and choice in runnable, (row, kernel, name)
+            assert sum(u != v for u, v in zip(choice, rules)) == 1, (row, kernel, name)
+            assert name == sweep.label(kernel, choice)
+        neighbours = {sweep.label(kernel, c) for c in runnable
+                      if sum(u != v for u, v in zip(c, rules)) == 1}
+        assert set(names[1:]) | {n for n, _ in same} == neighbours, (row, kernel)
+        assert all(twin in names for _, twin in same)
+        every, every_same = sweep.sweep_choices(kernel, config, SWEEP_SM_COUNT, everything=True)
+        assert every[0] == timed[0] and set(names) <= {n for n, _ in every}
+        assert {n for n, _ in every} | {n for n, _ in every_same} == {
+            sweep.label(kernel, c) for c in runnable}
+        a = sweep.stand_ins(config)
+        keys = [sweep.launch_key(sweep.launches_of(kernel, mod, a, SWEEP_SM_COUNT, c))
+                for _, c in every]
+        assert len(set(keys)) == len(keys)  # each distinct launch once
+
+
+def test_sweep_neighbours_of_the_anchor_rows():
+    """What the rules' neighbours are on the H200: the other fwd_pass_state mode where the chunk
+    size allows it (the small- / large-grid choice), the other compute_out layout, and fields the
+    shape clamps (block_k at chunk 64, block_n at dstate 64, pass_block in order) not timed."""
+    from benchmarks import sweep
+
+    def names(row, kernel, **kw):
+        timed, same = sweep.sweep_choices(kernel, ANCHORS[row], SWEEP_SM_COUNT, **kw)
+        return [n for n, _ in timed], dict(same)
+
+    timed, same = names("mamba2_2p7b", "fwd_pass_state")
+    assert timed[0] == "in_order/k128/p64/n128/occ2/pass32"
+    assert "parallel_chunks/k128/p64/n128/occ2/pass32" in timed
+    assert same == {"in_order/k128/p64/n128/occ2/pass64": timed[0]}
+    timed, _ = names("long_seq", "fwd_pass_state")
+    assert timed[0] == "parallel_chunks/k128/p64/n128/occ2/pass32"
+    assert {"in_order/k128/p64/n128/occ2/pass32",
+            "parallel_chunks/k128/p64/n128/occ2/pass64"} <= set(timed)
+    timed, same = names("chunk_64", "fwd_pass_state")
+    assert timed[0] == "in_order/k128/p64/n128/occdefault/pass32"
+    assert not any(n.startswith("parallel_chunks") for n in timed)  # modes(64): in order only
+    assert same["in_order/k64/p64/n128/occdefault/pass32"] == timed[0]
+    _, same = names("groups_8", "fwd_pass_state")
+    assert same["in_order/k128/p64/n64/occ2/pass32"] == "in_order/k128/p64/n128/occ2/pass32"
+    timed, _ = names("mamba2_2p7b", "compute_out")
+    assert timed == ["whole_chunks/h2/occ2/t64", "token_blocks/h2/occ2/t64",
+                     "whole_chunks/h1/occ2/t64", "whole_chunks/h2/occ1/t64",
+                     "whole_chunks/h2/occ2/t32", "whole_chunks/h2/occ2/t128"]
+    timed, _ = names("chunk_64", "compute_out")  # one token block a chunk: one head, t128 = t64
+    assert timed == ["token_blocks/h1/occ2/t64", "token_blocks/h1/occ1/t64",
+                     "token_blocks/h1/occ2/t32", "whole_chunks/h1/occ2/t64"]
+    timed, _ = names("groups_8", "compute_out")
+    assert timed[0] == "token_blocks/h2/occ2/t64" and "whole_chunks/h2/occ2/t64" in timed
+    assert names("mamba2_130m", "chunk_cumsum")[0] == ["h16", "h8", "h32"]
+    timed, _ = names("mamba2_2p7b", "compute_out", only={"token_blocks/h1/occ1/t32"})
+    assert timed == ["whole_chunks/h2/occ2/t64", "token_blocks/h1/occ1/t32"]
+
+
+def test_sweep_labels_are_unique_stable_and_parse_back():
+    from benchmarks import sweep
+    found = sweep.labels()
+    modules = {kernel: sweep.kernel_module(kernel) for kernel in sweep.KERNELS}
+    chunk_cumsum, fwd_pass_state, compute_out = modules.values()
+    assert len(found) == sum(len(m.CHOICES) for m in modules.values())
+    for kernel, mod in modules.items():
+        for choice in mod.CHOICES:
+            name = sweep.label(kernel, choice)
+            assert sweep.choice_of(name) == (kernel, choice)
+            assert name.count("/") == len(choice) - 1
+    assert sweep.label("compute_out", compute_out.Choice("token_blocks", 2, 2, 64)) == \
+        "token_blocks/h2/occ2/t64"
+    assert sweep.label("fwd_pass_state", fwd_pass_state.Choice(
+        "in_order", 128, 64, 128, None, 32)) == "in_order/k128/p64/n128/occdefault/pass32"
+    assert sweep.label("chunk_cumsum", chunk_cumsum.Choice(16)) == "h16"
+    with pytest.raises(ValueError, match="closest: token_blocks/h2/occ2/t64"):
+        sweep.choice_of("token_blocks/h2/occ2/t65")
+
+
+def test_sweep_ablations_match_the_kernel_source_and_launch_with_the_rules_choice(tmp_path):
+    """Every ablation edit matches the current kernel source exactly its count (load_variant
+    refuses one that does not), and each copy launches the rules' choice (compute_out's with
+    its program per token block) on every anchor row."""
+    from benchmarks import sweep
+    for kernel, ablations in sweep.ABLATIONS.items():
+        source = (REPO / "kernels" / f"{kernel}.py").read_text()
+        for tag, edits in ablations:
+            for old, new, count in edits:
+                assert source.count(old) == count, (kernel, tag, old)
+            mod = sweep.load_variant(kernel, edits, tmp_path, tag)
+            copy = (tmp_path / f"{kernel}_{tag}.py").read_text()
+            assert copy != source and all(new in copy for _, new, _ in edits)
+            for config in ANCHORS.values():
+                a = sweep.stand_ins(config)
+                rules, _ = sweep.rules_and_runnable(kernel, a, SWEEP_SM_COUNT)
+                choice = sweep.ablation_choice(kernel, rules)
+                if kernel == "compute_out":
+                    assert choice.layout == "token_blocks"
+                    assert choice._replace(layout=rules.layout) == rules
+                launches = sweep.launches_of(kernel, mod, a, SWEEP_SM_COUNT, choice)
+                ours = sweep.launches_of(kernel, sweep.kernel_module(kernel), a,
+                                         SWEEP_SM_COUNT, choice)
+                assert [g for _, g, _ in launches] == [g for _, g, _ in ours]
+    with pytest.raises(ValueError, match="matches 0 times, not 1"):
+        sweep.load_variant("compute_out", [("no such text", "", 1)], tmp_path, "bad")
+
+
+def test_sweep_relative_error():
+    from benchmarks import sweep
+    ref = np.array([1.0, -4.0])
+    assert sweep.relative_error([ref], [ref]) == 0.0
+    assert sweep.relative_error([np.array([1.0, -3.0])], [ref]) == 0.25
+    assert sweep.relative_error([ref, np.array([0.0, math.nan])], [ref, ref]) == math.inf
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "token_blocks/h3/occ2/t64"],
+     "--only: no declared choice is labelled 'token_blocks/h3/occ2/t64'"),
+    (["--only", "h16,bogus"], "--only: no declared choice is labelled 'bogus'"),
+    (["--ablate", "--only", "h16"], "with --ablate it names ablations"),
+    (["--forward", "--only", "h16"], "not with --forward or --tune"),
+    (["--rows", "mamba2_2p7b,nope"], "--rows: no anchor row 'nope'"),
+    (["--candidate", "compute_out"], "--candidate takes MODULE=FILE"),
+    (["--candidate", "nope=x.py"], "--candidate: no kernel module 'nope'"),
+    (["--candidate", "compute_out=/no/such/file.py"], "no file /no/such/file.py"),
+    (["--ablate", "--candidate", "chunk_cumsum=conftest.py"], "no kernel module 'chunk_cumsum'"),
+    (["--all", "--ablate"], "not allowed with"),
+], ids=["unknown_label", "unknown_of_two", "choice_with_ablate", "with_forward", "unknown_row",
+        "candidate_form", "candidate_module", "candidate_file", "candidate_ablate", "all_ablate"])
+def test_sweep_refuses_bad_arguments_before_the_gpu(argv, message, capsys):
+    from benchmarks import sweep
+    with pytest.raises(SystemExit) as e:
+        sweep.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_sweep_candidate_is_timed_after_the_rules_choice(tmp_path):
+    """--candidate MODULE=FILE: the file loaded as a module copy, launched without a choice (its
+    own rules'); it launches as the committed module does when it is a copy."""
+    from benchmarks import sweep
+    path = tmp_path / "rewrite.py"
+    path.write_text((REPO / "kernels" / "compute_out.py").read_text())
+    a = sweep.parse_args(["--rows", "groups_8", "--candidate", f"compute_out={path}",
+                          "--only", "token_blocks/h1/occ2/t64"])
+    assert a.candidate == {"compute_out": str(path)} and a.only == ["token_blocks/h1/occ2/t64"]
+    [(tag, mod, choice, mark)] = sweep.candidate_entries("compute_out", a.candidate, tmp_path)
+    assert tag == "file:rewrite" and choice is None and mark == ""
+    assert sweep.candidate_entries("fwd_pass_state", a.candidate, tmp_path) == []
+    stand_ins = sweep.stand_ins(ANCHORS["groups_8"])
+    theirs = sweep.launches_of("compute_out", mod, stand_ins, SWEEP_SM_COUNT, None)
+    ours = sweep.launches_of("compute_out", sweep.kernel_module("compute_out"), stand_ins,
+                             SWEEP_SM_COUNT, None)
+    assert [g for _, g, _ in theirs] == [g for _, g, _ in ours]
 
 
 def test_compare_refuses_to_pass_on_nothing_compared(tmp_path, capsys):

@@ -26,7 +26,7 @@ from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSig
 
 from contract import Dims
 from kernels.arrays import index_dtype
-from kernels.ssd_forward import batch_parts, batch_parts_as, forward_plan
+from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
 
@@ -95,25 +95,27 @@ NARROW = ("x", "B", "C", "z", "y")
 SM_COUNTS = (1, 2**31)
 
 
-def config_launches(dims: Dims, opts: dict, sm_count: int):
+def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True):
     """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins, on a
-    GPU of `sm_count` SMs: the whole batch's launches, then, where such a GPU splits the batch,
-    its slices' (a slice of one batch element specializes unlike the whole: a unit dimension)."""
+    GPU of `sm_count` SMs: the whole batch's launches, then, where such a GPU splits the batch
+    (and `split`), its slices' (a slice of one batch element specializes unlike the whole: a unit
+    dimension)."""
     dtype = opts.get("dtype", "float32")
     a = lambda name: ArraySpec(dims.shape(name), dtype if name in NARROW else "float32")
     optional = {"z": opts.get("z"), "initial_states": opts.get("initial_states"),
                 "seq_idx": opts.get("seq_idx")}
-    arrays = (
+    arrays = ForwardArrays(
         a("x"), a("dt"), a("A"), a("B"), a("C"),
         {"head": ArraySpec((dims.nheads,)), "channel": a("D")}.get(opts.get("D")),
         a("z") if optional["z"] else None, a("dt_bias") if opts.get("dt_bias") else None,
         a("initial_states") if optional["initial_states"] else None,
         ArraySpec(dims.shape("seq_idx"), "int32") if optional["seq_idx"] else None,
         opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
-        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"), sm_count)
-    parts = batch_parts(dims, "cupy", ITEMSIZE[dtype], sm_count,
-                        [name for name, on in optional.items() if on])
-    plans = forward_plan(*arrays, 1) + (forward_plan(*arrays, parts) if parts > 1 else [])
+        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"))
+    parts = rules_batch_parts(dims, "cupy", ITEMSIZE[dtype], sm_count,
+                              [name for name, on in optional.items() if on]) if split else 1
+    plans = forward_plan(arrays, sm_count, 1) + (
+        forward_plan(arrays, sm_count, parts) if parts > 1 else [])
     return [launch for launches in plans for launch in launches]
 
 
@@ -236,8 +238,8 @@ def test_kernel_objects_index_as_their_names_say():
 ])
 @pytest.mark.parametrize("sm_count", SM_COUNTS)
 def test_launchers_choose_int64_objects_when_an_array_reaches_2_pow_31(dims, sm_count):
-    with batch_parts_as(1):  # whole arrays: a batch slice may stay below 2^31 elements
-        launches = config_launches(dims, {}, sm_count)
+    # whole arrays: a batch slice may stay below 2^31 elements
+    launches = config_launches(dims, {}, sm_count, split=False)
     for kernel, _, _ in launches:
         assert KERNEL_NAMES[id(kernel)].endswith(("_int64", "_int64_two_per_sm")), (
             KERNEL_NAMES[id(kernel)])

@@ -6,7 +6,7 @@ import pytest
 import reference as R
 from contract import Dims
 from kernels import compute_out
-from kernels.compute_out import LAYOUTS, layout_as
+from kernels.compute_out import LAYOUTS, compute_out_choices, rules_choice
 from properties.bounds import KAPPA
 from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
                     recorded_launches, step_options)
@@ -18,7 +18,7 @@ LAYOUT_KERNELS = {"token_blocks": "_compute_out_kernel",
 H200_SMS = 132
 
 
-def stand_in_launch(dims: Dims, dtype: str, seq_idx: bool = False):
+def stand_in_launch(dims: Dims, dtype: str, seq_idx: bool = False, choice=None):
     """compute_out_launch's (kernel, grid, args) for stand-in arrays (a shape and a dtype, no
     data) of these dimensions, D and z off, on an H200's SM count."""
     from types import SimpleNamespace
@@ -26,7 +26,7 @@ def stand_in_launch(dims: Dims, dtype: str, seq_idx: bool = False):
     a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
     seg = SimpleNamespace(shape=dims.shape("seq_idx"), dtype="int32") if seq_idx else None
     return compute_out_launch(a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"),
-                              a("chunk_states"), None, None, seg, a("y"), H200_SMS)
+                              a("chunk_states"), None, None, seg, a("y"), H200_SMS, choice=choice)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -34,8 +34,10 @@ def stand_in_launch(dims: Dims, dtype: str, seq_idx: bool = False):
     pytest.param(c, layout, id=f"{c.id}-{layout}", marks=c.marks)
     for c in CASES for layout in LAYOUTS])
 def test_compute_out_matches_reference(case, layout, backend, request):
-    """Both program layouts on every case (the launcher picks one by shape, layout_as forces
-    each; with seq_idx both run token blocks)."""
+    """Both program layouts on every case (the launcher picks one by shape, `choice` forces
+    each: the rules' choice with the layout replaced), where the case can run it; where it
+    cannot (narrow inputs, seq_idx: no program per chunk), the choice is refused before any
+    launch."""
     kw = make_inputs(case)
     dt_out, dA_cumsum = (a.astype(np.float32) for a in
                          R.chunk_cumsum_ref(kw["dt"], kw["A"], case.chunk_size, **step_options(kw)))
@@ -46,10 +48,19 @@ def test_compute_out_matches_reference(case, layout, backend, request):
                   seq_idx=kw.get("seq_idx"))
     y_ref = R.compute_out_ref(**inputs)
     M = R.compute_out_magnitude(**inputs)
-    with layout_as(layout), recorded_launches() as launches:
-        y = compute_out(**on_backend(backend, inputs))
-    runs = "token_blocks" if inputs["seq_idx"] is not None else layout  # no seq_idx per chunk
-    assert [name for name, _, _ in launches] == [LAYOUT_KERNELS[runs]]
+    seg = inputs["seq_idx"]  # stands in for its segment ids: the choices read its shape
+    choice = rules_choice(inputs["x"], inputs["B"], dt_out, seg, False, H200_SMS)._replace(
+        layout=layout)
+    runnable = compute_out_choices(*(inputs[n] for n in (
+        "x", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "D", "z")), seg, inputs["x"])
+    with recorded_launches() as launches:
+        if choice not in runnable:
+            with pytest.raises(ValueError, match="^choice: "):
+                compute_out(**on_backend(backend, inputs), choice=choice)
+            assert not launches and layout == "whole_chunks"
+            return
+        y = compute_out(**on_backend(backend, inputs), choice=choice)
+    assert [name for name, _, _ in launches] == [LAYOUT_KERNELS[layout]]
     assert y.shape == y_ref.shape
     check_within("y", y, y_ref, M, KAPPA, request.node.name)
 
@@ -117,20 +128,17 @@ def test_shape_picks_the_layout(dims, dtype, layout, seq_idx):
     assert grid[0] == -(-dims.seqlen // tokens)  # headdim 64: one headdim block
 
 
-def test_layout_as_names_the_layouts():
-    with pytest.raises(ValueError, match="layout"):
-        with layout_as("tokens"):
-            pass
-
-
 @pytest.mark.parametrize("dtype, seq_idx", [
     pytest.param("float16", False, id="float16"),
     pytest.param("bfloat16", False, id="bfloat16"),
     pytest.param("float32", True, id="seq_idx"),
 ])
-def test_forced_whole_chunks_keeps_token_blocks_where_it_has_no_kernel(dtype, seq_idx):
-    """The program per chunk exists for float32 without seq_idx only: forced elsewhere, compute_out
-    still launches the program per token block."""
-    with layout_as("whole_chunks"):
-        kernel, _, _ = stand_in_launch(Dims(4, 4096, 80, 64, 1, 128, 256), dtype, seq_idx)
+def test_whole_chunks_is_refused_where_it_has_no_kernel(dtype, seq_idx):
+    """The program per chunk exists for float32 without seq_idx only: asked for elsewhere, the
+    launch is refused (never a silent fallback), and the rules take token blocks."""
+    from kernels.compute_out import Choice
+    dims = Dims(4, 4096, 80, 64, 1, 128, 256)
+    with pytest.raises(ValueError, match="^choice: "):
+        stand_in_launch(dims, dtype, seq_idx, choice=Choice("whole_chunks", 1, 2))
+    kernel, _, _ = stand_in_launch(dims, dtype, seq_idx)
     assert kernel._pyfunc.__name__ == LAYOUT_KERNELS["token_blocks"]

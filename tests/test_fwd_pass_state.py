@@ -5,9 +5,7 @@ import pytest
 
 import reference as R
 from kernels import fwd_pass_state
-from kernels.arrays import sm_count_as
-from kernels.fwd_pass_state import MODE_SM_COUNTS, modes
-from kernels.ssd_forward import batch_parts_as
+from kernels.fwd_pass_state import fwd_pass_state_launches, modes, rules_choice
 from properties.bounds import KAPPA
 from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
                     recorded_launches, step_options)
@@ -33,50 +31,66 @@ MODE_KERNELS = {"in_order": ["_fwd_pass_state_kernel"],
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case, mode", CASE_MODES)
 def test_fwd_pass_state_matches_reference(case, mode, backend, request):
-    """Each mode the launcher may choose at the case's chunk size, whatever device runs it."""
+    """Each mode the launcher may choose at the case's chunk size, whatever device runs it (the
+    rules' choice with the mode replaced)."""
     kw, dt_out, dA_cumsum = stage_inputs(case)
     inputs = dict(x=kw["x"], B=kw["B"], dt_out=dt_out, dA_cumsum=dA_cumsum,
                   initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
     states_ref, final_ref = R.fwd_pass_state_ref(**inputs)
     states_M, final_M = R.fwd_pass_state_magnitude(**inputs)
-    with sm_count_as(MODE_SM_COUNTS[mode]), recorded_launches() as launches:
-        states, final = fwd_pass_state(**on_backend(backend, inputs))
+    choice = rules_choice(case.batch, case.nheads, case.headdim, case.dstate, case.chunk_size,
+                          1)._replace(mode=mode)
+    with recorded_launches() as launches:
+        states, final = fwd_pass_state(**on_backend(backend, inputs), choice=choice)
     assert [name for name, _, _ in launches] == MODE_KERNELS[mode]
     assert states.shape == states_ref.shape and final.shape == final_ref.shape
     check_within("chunk_states", states, states_ref, states_M, KAPPA, request.node.name)
     check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case_id, programs_vs_sms, parallel, block_k", [
     pytest.param("all_options_chunk256", 0, False, 128, id="as_many_programs_as_sms_in_order"),
     pytest.param("all_options_chunk256", 1, True, 128, id="fewer_programs_than_sms_parallel"),
     pytest.param("base_chunk64", 1, False, 64, id="fewer_programs_than_sms_chunk64_in_order"),
 ])
-def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k, backend, request):
+def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k):
     """The launcher runs the chunks in parallel when the sequential grid has fewer programs than
-    the device has SMs and the chunks hold 128 tokens or more (fwd_pass_state and ssd_forward
-    pass the device's count), else in order: the launches recorded, and the results against the
-    reference."""
-    from kernels import ssd_forward
+    the device has SMs and the chunks hold 128 tokens or more, else in order: fwd_pass_state's
+    launches and those of ssd_forward's plan (the batch whole) for a device of that many SMs."""
+    from contract import Dims
+    from kernels.ssd_forward import ForwardArrays, forward_plan
+    from tests.test_compile import ArraySpec
     case = next(c for c in CASES if c.id == case_id)
-    kw, dt_out, dA_cumsum = stage_inputs(case)
-    inputs = dict(x=kw["x"], B=kw["B"], dt_out=dt_out, dA_cumsum=dA_cumsum,
-                  initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
-    programs = case.batch * case.nheads  # headdim and dstate fit one program's slice
-    # the batch whole: its slices choose alike (test_ssd_forward.py) but launch twice
-    with sm_count_as(programs + programs_vs_sms), recorded_launches() as launches, \
-            batch_parts_as(1):
-        states, final = fwd_pass_state(**on_backend(backend, inputs))
-        ssd_forward(**on_backend(backend, kw), return_final_states=True)
+    dims = Dims(case.batch, case.seqlen, case.nheads, case.headdim, case.ngroups, case.dstate,
+                case.chunk_size)
+    a = lambda name: ArraySpec(dims.shape(name))  # noqa: E731
+    sm_count = case.batch * case.nheads + programs_vs_sms  # headdim, dstate: one slice
+    alone = fwd_pass_state_launches(a("x"), a("B"), a("dt_out"), a("dA_cumsum"), None, None,
+                                    a("chunk_states"), a("final_states"), sm_count)
+    arrays = ForwardArrays(a("x"), a("dt"), a("A"), a("B"), a("C"), None, None, None, None, None,
+                           False, (0.0, float("inf")), a("dt_out"), a("dA_cumsum"),
+                           a("chunk_states"), a("final_states"), a("y"))
+    (forward,) = forward_plan(arrays, sm_count, 1)
     kernels = MODE_KERNELS["parallel_chunks" if parallel else "in_order"]
-    names = [name for name, _, _ in launches]
-    assert names == kernels + ["_chunk_cumsum_kernel"] + kernels + ["_compute_out_kernel"]
-    for name, kernel, args in launches:
-        if name == "_fwd_pass_state_kernel":
+    name = lambda launch: launch[0]._pyfunc.__name__  # noqa: E731
+    assert [name(launch) for launch in alone] == kernels
+    assert [name(launch) for launch in forward] == (
+        ["_chunk_cumsum_kernel"] + kernels + ["_compute_out_kernel"])
+    for kernel, _, args in alone + forward[1:-1]:
+        if kernel._pyfunc.__name__ == "_fwd_pass_state_kernel":
             assert launch_arg(kernel, args, "BLOCK_K") == block_k
             assert launch_arg(kernel, args, "PARALLEL_CHUNKS") == parallel
-    states_ref, final_ref = R.fwd_pass_state_ref(**inputs)
-    states_M, final_M = R.fwd_pass_state_magnitude(**inputs)
-    check_within("chunk_states", states, states_ref, states_M, KAPPA, request.node.name)
-    check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name)
+
+
+@pytest.mark.parametrize("choice", [
+    pytest.param(dict(mode="parallel_chunks"), id="parallel_chunks_at_chunk_64"),
+    pytest.param(dict(block_k=96), id="block_k_not_declared"),
+    pytest.param(dict(occupancy=3), id="occupancy_not_declared"),
+])
+def test_a_choice_that_cannot_run_is_refused(choice):
+    case = next(c for c in CASES if c.id == "base_chunk64")
+    kw, dt_out, dA_cumsum = stage_inputs(case)
+    rules = rules_choice(case.batch, case.nheads, case.headdim, case.dstate, case.chunk_size, 1)
+    with recorded_launches() as launches, pytest.raises(ValueError, match="^choice: "):
+        fwd_pass_state(kw["x"], kw["B"], dt_out, dA_cumsum, choice=rules._replace(**choice))
+    assert not launches

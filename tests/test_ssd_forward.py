@@ -10,7 +10,7 @@ import pytest
 import reference as R
 from contract import Dims
 from kernels import ssd_forward
-from kernels.ssd_forward import batch_parts, batch_parts_as, forward_plan
+from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts
 from properties.bounds import kappa
 from properties.checks import forward_bounds
 from properties.strategies import Problem
@@ -119,10 +119,9 @@ def test_batch_slices_give_the_whole_batch_result_bit_for_bit(backend, parts):
     """Each batch element's programs are the same whether its slice or the whole batch is
     launched (on the GPU the slices on concurrent streams): the results are identical."""
     kw = on_backend(backend, make_inputs(SLICED))
-    with batch_parts_as(1):
-        want_y, want_f = (to_numpy(a) for a in ssd_forward(**kw, return_final_states=True))
-    with batch_parts_as(parts):
-        y, f = (to_numpy(a) for a in ssd_forward(**kw, return_final_states=True))
+    want_y, want_f = (to_numpy(a) for a in ssd_forward(**kw, return_final_states=True,
+                                                        batch_parts=1))
+    y, f = (to_numpy(a) for a in ssd_forward(**kw, return_final_states=True, batch_parts=parts))
     assert np.array_equal(y, want_y) and np.array_equal(f, want_f)
     assert not np.isnan(y).any()
 
@@ -141,14 +140,13 @@ def test_batch_slices_fork_from_and_join_into_the_callers_stream(busy):
     import cupy
     from kernels.arrays import _side_stream
     kw = make_inputs(SLICED)
-    with batch_parts_as(1):
-        want = to_numpy(ssd_forward(**on_backend("gpu", kw)))
+    want = to_numpy(ssd_forward(**on_backend("gpu", kw), batch_parts=1))
     dev = on_backend("gpu", kw)
     stale = cupy.asarray(make_inputs(SLICED, seed=1)["x"])
     work = cupy.empty(BUSY_BYTES, dtype=cupy.uint8)
     stream = cupy.cuda.Stream(non_blocking=True)
     cupy.cuda.runtime.deviceSynchronize()
-    with stream, batch_parts_as(2):
+    with stream:
         x = stale.copy()  # the stale values, until the caller's stream overwrites them
         side = _side_stream("cupy", stream.device_id, stream.ptr, 0)
         delayed = side if busy == "side" else stream
@@ -156,7 +154,7 @@ def test_batch_slices_fork_from_and_join_into_the_callers_stream(busy):
             for _ in range(BUSY_FILLS):
                 work.fill(1)
         x[...] = dev["x"]
-        y = ssd_forward(**{**dev, "x": x})
+        y = ssd_forward(**{**dev, "x": x}, batch_parts=2)
     stream.synchronize()
     assert np.array_equal(y.get(), want)
 
@@ -165,12 +163,11 @@ def test_batch_slices_fork_from_and_join_into_the_callers_stream(busy):
 def test_batch_slices_in_torch_on_its_current_stream():
     torch = pytest.importorskip("torch")
     kw = make_inputs(SLICED)
-    with batch_parts_as(1):
-        want = to_numpy(ssd_forward(**on_backend("gpu", kw)))
+    want = to_numpy(ssd_forward(**on_backend("gpu", kw), batch_parts=1))
     tkw = on_backend("torch", kw)
     stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream), batch_parts_as(2):
-        y = ssd_forward(**tkw)
+    with torch.cuda.stream(stream):
+        y = ssd_forward(**tkw, batch_parts=2)
     stream.synchronize()
     assert isinstance(y, torch.Tensor) and np.array_equal(to_numpy(y), want)
 
@@ -196,9 +193,16 @@ def test_batch_slices_in_torch_on_its_current_stream():
         "seq_idx_absent_aligned"])
 def test_batch_parts_rule(dims, itemsize, kind, given, parts):
     """On the H200's 132 SMs: slices where the in-order state grid runs past two programs per
-    SM (run 28 measured gains there only), the batch even and the second slice aligned in every
+    SM (where they were measured to gain), the batch even and the second slice aligned in every
     array the call has."""
-    assert batch_parts(dims, kind, itemsize, 132, given) == parts
+    assert rules_batch_parts(dims, kind, itemsize, 132, given) == parts
+
+
+@pytest.mark.parametrize("parts", [0, -1, 1.5, "2"])
+def test_batch_parts_must_be_a_positive_int(parts):
+    kw = make_inputs(SLICED)
+    with pytest.raises(ValueError, match="^batch_parts: must be a positive int"):
+        ssd_forward(**kw, batch_parts=parts)
 
 
 def test_batch_slices_choose_as_the_whole_batch():
@@ -208,11 +212,11 @@ def test_batch_slices_choose_as_the_whole_batch():
     from tests.test_compile import ArraySpec
     dims = Dims(8, 2048, 24, 64, 1, 128, 256)
     a = lambda name: ArraySpec(dims.shape(name))  # noqa: E731
-    arrays = [a("x"), a("dt"), a("A"), a("B"), a("C"), None, None, None, None, None, False,
-              (0.0, math.inf), a("dt_out"), a("dA_cumsum"), a("chunk_states"),
-              a("final_states"), a("y"), 132]
-    (whole,) = forward_plan(*arrays, 1)
-    halves = forward_plan(*arrays, 2)
+    arrays = ForwardArrays(a("x"), a("dt"), a("A"), a("B"), a("C"), None, None, None, None, None,
+                           False, (0.0, math.inf), a("dt_out"), a("dA_cumsum"),
+                           a("chunk_states"), a("final_states"), a("y"))
+    (whole,) = forward_plan(arrays, 132, 1)
+    halves = forward_plan(arrays, 132, 2)
     kernel_names = lambda launches: [k._pyfunc.__name__ for k, _, _ in launches]  # noqa: E731
     constants = lambda launches: [[v for v in args if isinstance(v, (bool, int))]  # noqa: E731
                                   for _, _, args in launches]

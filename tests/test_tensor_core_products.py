@@ -10,8 +10,8 @@ import pytest
 
 import cuda.tile as ct
 
-from kernels import ssd_forward
-from kernels.compute_out import LAYOUTS, layout_as
+from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
+from kernels.compute_out import LAYOUTS, compute_out_choices, rules_choice
 from kernels.interpreter import record_mma_operands
 from shapes import CASES, make_inputs
 
@@ -26,8 +26,21 @@ TENSOR_CORE_OPERANDS = (ct.tfloat32, ct.bfloat16, ct.float16)
                                   if c.id in ("all_options_chunk16", "headdim_3_dstate_5",
                                               "all_options_chunk256", "chunk256_ragged")])
 def test_every_product_has_tensor_core_operands(case, layout):
-    with layout_as(layout), record_mma_operands() as products:
-        ssd_forward(**make_inputs(case), return_final_states=True)
+    """ssd_forward by its rules, then compute_out in `layout` (the rules' choice with the layout
+    replaced) where the case can run it (the program per chunk: float32, no seq_idx)."""
+    kw = make_inputs(case)
+    with record_mma_operands() as products:
+        ssd_forward(**kw, return_final_states=True)
+        dt_out, dA_cumsum = chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"],
+                                         kw.get("dt_bias"), kw.get("dt_softplus", False),
+                                         kw.get("dt_limit", (0.0, float("inf"))))
+        states, _ = fwd_pass_state(kw["x"], kw["B"], dt_out, dA_cumsum,
+                                   kw.get("initial_states"), kw.get("seq_idx"))
+        arrays = (kw["x"], kw["B"], kw["C"], dt_out, dA_cumsum, states, kw.get("D"), kw.get("z"))
+        seg = kw.get("seq_idx")  # stands in for its segment ids: the choices read its shape
+        choice = rules_choice(kw["x"], kw["B"], dt_out, seg, False, 1)._replace(layout=layout)
+        if choice in compute_out_choices(*arrays, seg, kw["x"]):
+            compute_out(*arrays, seg, choice=choice)
     assert products, "ssd_forward ran no matrix product on the interpreter"
     slow = sorted({f"{x} x {y}" for x, y in products
                    if x not in TENSOR_CORE_OPERANDS or y not in TENSOR_CORE_OPERANDS})

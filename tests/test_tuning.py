@@ -9,12 +9,11 @@ import pytest
 
 import reference as R
 from contract import Dims
-from kernels import compute_out, interpreter, ssd_forward, tuning
+from kernels import compute_out, interpreter, ssd_forward, tuning, tuning_table
 from kernels.arrays import backend_of
-from kernels.compute_out import (_KERNELS, Choice, compute_out_choices, compute_out_launch,
-                                 compute_out_signature, layout_as)
-from kernels.ssd_forward import (batch_parts_as, compute_out_arrays, forward_launches,
-                                 forward_parts)
+from kernels.compute_out import (_KERNELS, BLOCK_TS, Choice, compute_out_choices,
+                                 compute_out_launch, compute_out_signature)
+from kernels.ssd_forward import ForwardArrays, forward_launches, forward_parts
 from properties.bounds import KAPPA
 from properties.checks import forward_bounds
 from properties.strategies import Problem
@@ -30,10 +29,10 @@ SMALL = Case("tuning_small", 2, 150, 4, 16, 1, 16, 128, D="head")
 @pytest.fixture(autouse=True)
 def no_tuned_choices(monkeypatch):
     """Each test starts and ends with no tuned choice in the process and no tuning file."""
-    monkeypatch.delenv(tuning.ENV, raising=False)
-    tuning.forget()
+    monkeypatch.delenv(tuning_table.ENV, raising=False)
+    tuning_table.forget()
     yield
-    tuning.forget()
+    tuning_table.forget()
 
 
 def stand_ins(dims: Dims, dtype: str, seq_idx: bool = False) -> tuple:
@@ -44,26 +43,39 @@ def stand_ins(dims: Dims, dtype: str, seq_idx: bool = False) -> tuple:
             seg, a("y"))
 
 
-@pytest.mark.parametrize("dims, dtype, seq_idx, layouts, heads", [
+@pytest.mark.parametrize("dims, dtype, seq_idx, layouts, heads, block_ts, count", [
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float32", False,
-                 {"token_blocks", "whole_chunks"}, {1, 2}, id="mamba2_2p7b"),
+                 {"token_blocks", "whole_chunks"}, {1, 2}, {32, 64, 128}, 24, id="mamba2_2p7b"),
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "bfloat16", False, {"token_blocks"},
-                 {1, 2}, id="narrow_inputs_token_blocks_only"),
+                 {1, 2}, {32, 64, 128}, 12, id="narrow_inputs_token_blocks_only"),
     pytest.param(Dims(1, 512, 8, 64, 1, 64, 256), "float32", True, {"token_blocks"}, {1, 2},
-                 id="seq_idx_token_blocks_only"),
+                 {32, 64, 128}, 12, id="seq_idx_token_blocks_only"),
+    # block_t 128 clamps to the chunk's 64 tokens, the extent of block_t 64: left out; two heads
+    # only with the chunk's two blocks of 32
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 64), "float32", False,
-                 {"token_blocks", "whole_chunks"}, {1}, id="chunk_of_one_token_block_one_head"),
+                 {"token_blocks", "whole_chunks"}, {1, 2}, {32, 64}, 12,
+                 id="chunk_of_one_token_block_one_head"),
     pytest.param(Dims(1, 512, 8, 64, 1, 256, 256), "float32", False, {"token_blocks"}, {1, 2},
-                 id="dstate_256_no_program_per_chunk"),
+                 {32, 64, 128}, 12, id="dstate_256_no_program_per_chunk"),
     pytest.param(Dims(1, 512, 6, 64, 2, 64, 256), "float32", False,
-                 {"token_blocks", "whole_chunks"}, {1}, id="three_heads_per_group_one_head"),
+                 {"token_blocks", "whole_chunks"}, {1}, {32, 64, 128}, 12,
+                 id="three_heads_per_group_one_head"),
 ])
-def test_compute_out_choices_by_shape(dims, dtype, seq_idx, layouts, heads):
-    choices = compute_out_choices(*stand_ins(dims, dtype, seq_idx))
+def test_compute_out_choices_by_shape(dims, dtype, seq_idx, layouts, heads, block_ts, count):
+    arrays = stand_ins(dims, dtype, seq_idx)
+    choices = compute_out_choices(*arrays)
     assert {c.layout for c in choices} == layouts
     assert {c.heads for c in choices} == heads
-    assert len(choices) == len(layouts) * len(heads) * 2  # two occupancy hints each
-    assert len(set(choices)) == len(choices)
+    assert {c.block_t for c in choices} == block_ts
+    assert len(choices) == count and len(set(choices)) == count
+    # each is a distinct launch; a chunk of one token block takes one head
+    launches = set()
+    for c in choices:
+        kernel, grid, args = compute_out_launch(*arrays, H200_SMS, choice=c)
+        block_t = launch_arg(kernel, args, "BLOCK_T")
+        launches.add((c.layout, c.heads, c.occupancy, block_t))
+        assert c.heads == 1 or block_t < dims.chunk_size
+    assert len(launches) == count
 
 
 def _stage_inputs(case: Case) -> dict:
@@ -76,7 +88,7 @@ def _stage_inputs(case: Case) -> dict:
 
 
 def test_every_choice_matches_the_reference(request):
-    """What a search may pick is correct: each of the small shape's eight choices, run on the
+    """What a search may pick is correct: each of the small shape's twenty choices, run on the
     interpreter, is within compute_out's bound of the float64 reference."""
     inputs = _stage_inputs(SMALL)
     y_ref = R.compute_out_ref(**inputs)
@@ -84,7 +96,7 @@ def test_every_choice_matches_the_reference(request):
     arrays = tuple(inputs[n] for n in ("x", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "D",
                                        "z"))
     choices = compute_out_choices(*arrays, None, np.empty_like(inputs["x"]))
-    assert len(choices) == 8
+    assert len(choices) == 20  # token blocks 64 and 32: 2 x 2 x 2 each; 128: one head
     for choice in choices:
         y = np.full_like(inputs["x"], np.nan)
         kernel, grid, args = compute_out_launch(*arrays, None, y, H200_SMS, choice=choice)
@@ -94,7 +106,7 @@ def test_every_choice_matches_the_reference(request):
         check_within("y", y, y_ref, M, KAPPA, f"{request.node.name}[{choice}]")
 
 
-def test_a_tuned_choice_overrides_the_rules_but_not_layout_as():
+def test_a_tuned_choice_overrides_the_rules_and_a_given_one_overrides_both():
     arrays = stand_ins(Dims(4, 4096, 80, 64, 1, 128, 256), "float32")
     rules = compute_out_launch(*arrays, H200_SMS)
     assert launch_arg(rules[0], rules[2], "HEADS") == 2  # the rules: two heads per program
@@ -105,9 +117,9 @@ def test_a_tuned_choice_overrides_the_rules_but_not_layout_as():
     other = {compute_out_signature(*stand_ins(Dims(4, 4096, 80, 64, 1, 128, 128),
                                               "float32")): Choice("token_blocks", 1, 1)}
     assert compute_out_launch(*arrays, H200_SMS, other)[0] is rules[0]  # another shape's
-    with layout_as("whole_chunks"):
-        assert compute_out_launch(*arrays, H200_SMS, tuned)[0] is _KERNELS["whole_chunks",
-                                                                            False, 2]
+    given = Choice("whole_chunks", 2, 2)
+    assert compute_out_launch(*arrays, H200_SMS, tuned, given)[0] is _KERNELS["whole_chunks",
+                                                                                False, 2]
 
 
 @pytest.mark.parametrize("choice", [
@@ -115,7 +127,9 @@ def test_a_tuned_choice_overrides_the_rules_but_not_layout_as():
     Choice("token_blocks", 4, 2),  # 4 heads would span two groups of 2
     Choice("token_blocks", 3, 2),  # not a power of two
     Choice("token_blocks", 1, 3),  # no such occupancy hint
-], ids=["whole_chunks_with_seq_idx", "heads_across_groups", "three_heads", "occupancy_3"])
+    Choice("token_blocks", 1, 2, 48),  # no such token block
+], ids=["whole_chunks_with_seq_idx", "heads_across_groups", "three_heads", "occupancy_3",
+        "block_t_48"])
 def test_a_choice_that_cannot_run_is_refused(choice):
     """Given or tuned (from a file of another version, say): never launched silently wrong."""
     arrays = stand_ins(Dims(1, 512, 8, 64, 4, 64, 256), "float32", seq_idx=True)
@@ -141,19 +155,20 @@ def test_compute_out_launches_a_given_choice_and_refuses_one_it_cannot_run(reque
     assert kernel is _KERNELS["whole_chunks", False, 1] and launch_arg(kernel, args, "HEADS") == 2
     check_within("y", y, y_ref, M, KAPPA, request.node.name)
     with recorded_launches() as launches, pytest.raises(ValueError, match=r"^choice: "):
-        compute_out(**inputs, choice=Choice("token_blocks", 4, 2))  # more heads than MAX_HEADS
+        compute_out(**inputs, choice=Choice("token_blocks", 4, 2))  # more heads than HEADS
     assert not launches
 
 
-def _parts(kw: dict, parts: int) -> list[dict]:
+def _parts(kw: dict, parts: int) -> list:
     """ssd_forward's forward_parts for make_inputs' `kw` (D, no other option) in `parts` slices,
     outputs NaN-filled."""
     dims = Dims(SMALL.batch, SMALL.seqlen, SMALL.nheads, SMALL.headdim, SMALL.ngroups,
                 SMALL.dstate, SMALL.chunk_size)
     outputs = [np.full(dims.shape(n), np.nan, np.float32)
                for n in ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")]
-    return forward_parts(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], kw["D"], None, None,
-                         None, None, False, (0.0, np.inf), *outputs, 1, parts)
+    arrays = ForwardArrays(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], kw["D"], None, None,
+                           None, None, False, (0.0, np.inf), *outputs)
+    return forward_parts(arrays, 1, parts)
 
 
 def test_tune_parts_searches_each_signature_once_and_ssd_forward_takes_it(request):
@@ -165,9 +180,10 @@ def test_tune_parts_searches_each_signature_once_and_ssd_forward_takes_it(reques
     backend = backend_of(x=kw["x"])
     parts = _parts(kw, 2)
     searched = []
+    pick = Choice("whole_chunks", 2, 2)  # not the interpreter's rule
 
     def search(stream, launch_of, choices):
-        pick = choices[-1]  # whole chunks, two heads, occupancy 2: not the interpreter's rule
+        assert pick in choices
         kernel, grid, args = launch_of(pick)
         assert np.isfinite(args[4]).all() and np.isfinite(args[5]).all()  # dA_cumsum, states
         searched.append(choices)
@@ -176,30 +192,30 @@ def test_tune_parts_searches_each_signature_once_and_ssd_forward_takes_it(reques
     results = tuning.tune_parts(backend, "test device", parts, search)
     assert len(searched) == 1 and len(results) == 1  # two slices, one signature
     (signature,) = results
-    table = tuning._table("test device")
-    assert table == {signature: Choice("whole_chunks", 2, 2)}
+    table = tuning_table._table("test device")
+    assert table == {signature: pick}
     part = _parts(kw, 2)[0]
-    assert forward_launches(**part)[-1][0] is not _KERNELS["whole_chunks", False, 2]
-    assert forward_launches(**part, tuned=table)[-1][0] is _KERNELS["whole_chunks", False, 2]
+    assert forward_launches(*part)[-1][0] is not _KERNELS["whole_chunks", False, 2]
+    assert forward_launches(*part, tuned=table)[-1][0] is _KERNELS["whole_chunks", False, 2]
 
 
 def test_tuning_file_round_trip(tmp_path, monkeypatch):
     path = tmp_path / "tuning" / "choices.json"
-    monkeypatch.setenv(tuning.ENV, str(path))
+    monkeypatch.setenv(tuning_table.ENV, str(path))
     signature = ("float32", 4, 4096, 80, 64, 1, 128, 256, True, False, False, False, False)
-    tuning.record("device A", signature, Choice("token_blocks", 1, 1))
+    tuning_table.record("device A", signature, Choice("token_blocks", 1, 1))
     assert path.exists()
-    tuning.forget()
-    assert tuning._table("device A") == {signature: Choice("token_blocks", 1, 1)}
-    assert tuning._table("device B") == {}  # another device, or another cuda-tile version
+    tuning_table.forget()
+    assert tuning_table._table("device A") == {signature: Choice("token_blocks", 1, 1)}
+    assert tuning_table._table("device B") == {}  # another device, or another cuda-tile version
     path.write_text('{"tables": {"device A": [{"signature": [1]}]}}')
-    tuning.forget()
+    tuning_table.forget()
     with pytest.raises(ValueError, match=r"\$CUTILE_SSD_TUNING: .* is not a tuning file"):
-        tuning._table("device A")
+        tuning_table._table("device A")
 
 
 def test_the_interpreter_has_no_tuned_choices():
-    assert tuning.table(backend_of(x=np.zeros(1, np.float32))) is None
+    assert tuning_table.table(backend_of(x=np.zeros(1, np.float32))) is None
 
 
 def test_tune_forward_needs_gpu_arrays():
@@ -226,15 +242,15 @@ def test_ssd_forward_and_compute_out_launch_the_tuned_choice(monkeypatch, reques
         ssd_forward(**kw)
     assert launch_arg(launches[-1][1], launches[-1][2], "HEADS") == RULES.heads
     tables = {}
-    monkeypatch.setattr(tuning, "table", lambda backend: tables)
+    monkeypatch.setattr(tuning_table, "table", lambda backend: tables)
     for parts in (1, 2):  # the whole batch's signature, and its slices'
         for part in _parts(kw, parts):
-            tables[compute_out_signature(*compute_out_arrays(part))] = OTHER
+            tables[compute_out_signature(*part.arrays.compute_out_arrays())] = OTHER
     inputs = _stage_inputs(SMALL)
     y_ref, b = _small_reference(kw)
     for parts in (1, 2):
-        with batch_parts_as(parts), recorded_launches() as launches:
-            y = ssd_forward(**kw)
+        with recorded_launches() as launches:
+            y = ssd_forward(**kw, batch_parts=parts)
         assert [n for n, _, _ in launches].count("_compute_out_chunk_kernel") == parts
         assert all(k is _KERNELS[OTHER.layout, False, OTHER.occupancy] for n, k, _ in launches
                    if n == "_compute_out_chunk_kernel")
@@ -270,51 +286,51 @@ def test_search_hands_exhaustive_search_grid_kernel_and_args(monkeypatch):
     choices = compute_out_choices(*arrays, None, y)
     result = tuning.search(None, lambda c: compute_out_launch(*arrays, None, y, 1, choice=c),
                            choices)
-    assert ran == choices and result.best.config == choices[4]
+    assert ran == choices and result.best.config == choices[len(choices) // 2]
 
 
 def test_device_key_holds_the_device_and_the_cuda_tile_version(monkeypatch):
-    monkeypatch.setattr(tuning, "_device_name", lambda kind, device: f"GPU {device}")
-    key = tuning.device_key("cupy", 1, 132)
+    monkeypatch.setattr(tuning_table, "_device_name", lambda kind, device: f"GPU {device}")
+    key = tuning_table.device_key("cupy", 1, 132)
     assert key.startswith("GPU 1 | 132 SMs | cuda-tile ")
     gpu = SimpleNamespace(kind="cupy", device=1, sm_count=132)
-    tuning.record(key, ("float32", 1), Choice("token_blocks", 1, 1))
-    assert tuning.table(gpu) == {("float32", 1): Choice("token_blocks", 1, 1)}
-    monkeypatch.setattr(tuning.ct, "__version__", "0.0.0")
-    assert tuning.device_key("cupy", 1, 132) != key
-    assert tuning.table(gpu) == {}  # another cuda-tile version: nothing tuned
+    tuning_table.record(key, ("float32", 1), Choice("token_blocks", 1, 1))
+    assert tuning_table.table(gpu) == {("float32", 1): Choice("token_blocks", 1, 1)}
+    monkeypatch.setattr(tuning_table.ct, "__version__", "0.0.0")
+    assert tuning_table.device_key("cupy", 1, 132) != key
+    assert tuning_table.table(gpu) == {}  # another cuda-tile version: nothing tuned
 
 
 def test_tuning_file_is_read_once_and_a_bad_one_fails_each_time(tmp_path, monkeypatch):
     path = tmp_path / "choices.json"
-    monkeypatch.setenv(tuning.ENV, str(path))
-    tuning.record("device A", ("float32", 1), Choice("token_blocks", 1, 1))
-    tuning.forget()
+    monkeypatch.setenv(tuning_table.ENV, str(path))
+    tuning_table.record("device A", ("float32", 1), Choice("token_blocks", 1, 1))
+    tuning_table.forget()
     reads = []
-    read = tuning._read
-    monkeypatch.setattr(tuning, "_read", lambda p: reads.append(p) or read(p))
+    read = tuning_table._read
+    monkeypatch.setattr(tuning_table, "_read", lambda p: reads.append(p) or read(p))
     for _ in range(3):
-        assert tuning._table("device A") == {("float32", 1): Choice("token_blocks", 1, 1)}
+        assert tuning_table._table("device A") == {("float32", 1): Choice("token_blocks", 1, 1)}
     assert len(reads) == 1
     path.write_text("{")
-    tuning.forget()
+    tuning_table.forget()
     for _ in range(2):
         with pytest.raises(ValueError, match="is not a tuning file"):
-            tuning._table("device A")
+            tuning_table._table("device A")
 
 
 def test_tuning_file_keeps_what_another_process_wrote(tmp_path, monkeypatch):
     path = tmp_path / "choices.json"
-    monkeypatch.setenv(tuning.ENV, str(path))
-    tuning.record("device A", ("float32", 1), Choice("token_blocks", 1, 1))
-    tuning.forget()  # another process: it read the file before the first one wrote again
-    tuning._table("device A")
-    path.write_text(json.dumps({"format": tuning.FORMAT, "tables": {"device B": [
-        {"signature": ["float32", 2], "choice": ["whole_chunks", 2, 2]}]}}))
-    tuning.record("device A", ("float32", 3), Choice("token_blocks", 2, 1))
-    tuning.forget()
-    assert tuning._table("device B") == {("float32", 2): Choice("whole_chunks", 2, 2)}
-    assert tuning._table("device A") == {("float32", 1): Choice("token_blocks", 1, 1),
+    monkeypatch.setenv(tuning_table.ENV, str(path))
+    tuning_table.record("device A", ("float32", 1), Choice("token_blocks", 1, 1))
+    tuning_table.forget()  # another process: it read the file before the first one wrote again
+    tuning_table._table("device A")
+    path.write_text(json.dumps({"format": tuning_table.FORMAT, "tables": {"device B": [
+        {"signature": ["float32", 2], "choice": ["whole_chunks", 2, 2, 64]}]}}))
+    tuning_table.record("device A", ("float32", 3), Choice("token_blocks", 2, 1))
+    tuning_table.forget()
+    assert tuning_table._table("device B") == {("float32", 2): Choice("whole_chunks", 2, 2)}
+    assert tuning_table._table("device A") == {("float32", 1): Choice("token_blocks", 1, 1),
                                          ("float32", 3): Choice("token_blocks", 2, 1)}
 
 
@@ -322,7 +338,7 @@ def test_tuning_file_keeps_what_another_process_wrote(tmp_path, monkeypatch):
 @pytest.mark.parametrize("kind", ["gpu", "torch"])
 def test_tune_forward_on_the_gpu_then_ssd_forward_takes_the_choice(kind, request):
     """cuda.tile.tune's search on the GPU (CuPy arrays, or torch tensors on torch's stream): the
-    best of the small shape's eight choices is recorded for this device; ssd_forward then
+    best of the small shape's twenty choices is recorded for this device; ssd_forward then
     launches a recorded choice (the best, then one the rules never make) and matches the
     float64 reference."""
     from shapes import recorded_launches
@@ -331,30 +347,30 @@ def test_tune_forward_on_the_gpu_then_ssd_forward_takes_the_choice(kind, request
     kw = make_inputs(SMALL)
     gpu = on_backend(kind, kw)
     y_ref, b = _small_reference(kw)
-    with batch_parts_as(1):
-        results = tuning.tune_forward(**gpu)
-        (signature, result), = results.items()
-        choices = compute_out_choices(*stand_ins(
-            Dims(SMALL.batch, SMALL.seqlen, SMALL.nheads, SMALL.headdim, SMALL.ngroups,
-                 SMALL.dstate, SMALL.chunk_size), "float32"))
-        assert len(result.successes) == len(choices) and not result.failures
-        table = tuning.table(backend_of(x=gpu["x"]))
-        assert table == {signature: result.best.config}
-        for choice in (result.best.config, OTHER):
-            table[signature] = choice
-            with recorded_launches() as launches:
-                y = ssd_forward(**gpu)
-            kernel, args = launches[-1][1], launches[-1][2]
-            assert kernel is _KERNELS[choice.layout, False, choice.occupancy]
-            assert launch_arg(kernel, args, "HEADS") == choice.heads
-            check_within("y", y, y_ref, b.M, b.kappa_y, f"{request.node.name}[{choice}]",
-                         b.extra_y)
+    results = tuning.tune_forward(**gpu)  # SMALL's batch of 2 runs whole on the GPU
+    (signature, result), = results.items()
+    choices = compute_out_choices(*stand_ins(
+        Dims(SMALL.batch, SMALL.seqlen, SMALL.nheads, SMALL.headdim, SMALL.ngroups,
+             SMALL.dstate, SMALL.chunk_size), "float32"))
+    assert len(result.successes) == len(choices) and not result.failures
+    table = tuning_table.table(backend_of(x=gpu["x"]))
+    assert table == {signature: tuple(result.best.config)}
+    for choice in (result.best.config, OTHER):
+        table[signature] = tuple(choice)
+        with recorded_launches() as launches:
+            y = ssd_forward(**gpu, batch_parts=1)
+        kernel, args = launches[-1][1], launches[-1][2]
+        assert kernel is _KERNELS[choice.layout, False, choice.occupancy]
+        assert launch_arg(kernel, args, "HEADS") == choice.heads
+        assert launch_arg(kernel, args, "BLOCK_T") == min(choice.block_t, SMALL.chunk_size)
+        check_within("y", y, y_ref, b.M, b.kappa_y, f"{request.node.name}[{choice}]",
+                     b.extra_y)
 
 
 def test_tuning_file_holds_json(tmp_path, monkeypatch):
     """The file is plain JSON a person can read: device key -> [{signature, choice}]."""
     path = tmp_path / "choices.json"
-    monkeypatch.setenv(tuning.ENV, str(path))
-    tuning.record("device A", ("float32", 1), Choice("whole_chunks", 2, 1))
-    assert json.loads(path.read_text()) == {"format": tuning.FORMAT, "tables": {"device A": [
-        {"signature": ["float32", 1], "choice": ["whole_chunks", 2, 1]}]}}
+    monkeypatch.setenv(tuning_table.ENV, str(path))
+    tuning_table.record("device A", ("float32", 1), Choice("whole_chunks", 2, 1))
+    assert json.loads(path.read_text()) == {"format": tuning_table.FORMAT, "tables": {
+        "device A": [{"signature": ["float32", 1], "choice": ["whole_chunks", 2, 1, 64]}]}}
