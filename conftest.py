@@ -1,7 +1,11 @@
-"""Pytest set-up shared by every test: GPU detection, the backend option, markers."""
+"""Pytest set-up shared by every test: GPU detection, the backend option, markers, the reach
+check of the property suite."""
 
+import json
 import math
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -63,3 +67,65 @@ def pytest_report_header(config):
     return (f"hypothesis profile: {profile_name()} ({settings.default.max_examples} examples, "
             f"caps {caps()})")
 
+
+# --------------------------------------------------------------------------------------------
+# The reach check (properties/reach.py): every launch of the property tests is recorded; where
+# the whole suite ran under a profile that asks for it (Caps.reach: ci), a class of launch
+# reachable at the caps that no property launched fails the run, and the table is printed. With
+# pytest-xdist each worker writes its record into a folder the controller names, which merges
+# them.
+
+REACH_DIR = "CUTILE_SSD_REACH_DIR"
+
+
+@pytest.fixture(scope="session")
+def reach(request):
+    """The session's record of launches (properties.reach.Record)."""
+    return request.config._reach
+
+
+def pytest_sessionstart(session):
+    from properties.reach import Record
+    session.config._reach = Record()
+    if not hasattr(session.config, "workerinput"):  # not an xdist worker: the controller
+        session.config._reach_dir = tempfile.mkdtemp(prefix="reach-")
+        os.environ[REACH_DIR] = session.config._reach_dir
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    record = config._reach
+    if hasattr(config, "workerinput"):
+        if record.launched:
+            out = Path(os.environ[REACH_DIR]) / f"{config.workerinput['workerid']}.json"
+            out.write_text(json.dumps(record.as_dict()))
+        return
+    for path in Path(config._reach_dir).glob("*.json"):
+        record.merge(json.loads(path.read_text()))
+    config._reach_result = _reach_result(record)
+    if config._reach_result and config._reach_result[0]:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _reach_result(record):
+    """(missing classes, table) where the whole suite ran under a reach profile, else None."""
+    from properties.checks import PROPERTIES
+    if not caps().reach or not set(PROPERTIES) <= record.properties():
+        return None
+    return record.check(caps())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    result = getattr(config, "_reach_result", None)
+    if result is None:
+        return
+    missing, table = result
+    terminalreporter.section("reach: classes of launch the property suite ran")
+    terminalreporter.write_line(table)
+    if missing:
+        terminalreporter.write_line(
+            f"reach FAILED: {len(missing)} class(es) reachable at the caps {caps()} were never "
+            f"launched: " + "; ".join(missing), red=True)
+    else:
+        terminalreporter.write_line("reach: every class reachable at the caps was launched",
+                                    green=True)

@@ -44,9 +44,12 @@ class Choice(NamedTuple):
 
 
 # the declared search space: every choice the launcher can take (the shape allows a subset,
-# compute_out_choices)
+# compute_out_choices); the program per chunk at the rules' token block only: tileiras 13.4 fails
+# to compile it at 128 tokens with two heads and z for sm_90 (DECISIONS.md "compute_out: program
+# layout")
 CHOICES = tuple(Choice(layout, heads, occupancy, block_t) for layout in LAYOUTS
-                for heads in HEADS for occupancy in OCCUPANCIES for block_t in BLOCK_TS)
+                for heads in HEADS for occupancy in OCCUPANCIES for block_t in BLOCK_TS
+                if layout == "token_blocks" or block_t == 64)
 
 # The rules' pick (rules_choice):
 RULES_BLOCK_T = 64  # DECISIONS.md "compute_out: token block"

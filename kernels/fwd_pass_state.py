@@ -23,10 +23,10 @@ from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, need
 # [pass_block, pass_block] slices replaces each increment by the state entering its chunk.
 MODES = ("in_order", "parallel_chunks")
 BLOCK_KS = (128, 64)  # tokens per product (a chunk of fewer is one product)
-BLOCK_PS = (64, 32)  # a program's state slice is [block_p, block_n] ...
-BLOCK_NS = (128, 64)  # ... of [headdim, dstate]
+BLOCK_PS = (64, 32, 16)  # a program's state slice is [block_p, block_n] ...
+BLOCK_NS = (128, 64, 32)  # ... of [headdim, dstate]
 OCCUPANCIES = (None, 1, 2)  # programs per SM (None: the compiler's choice)
-PASS_BLOCKS = (32, 64)  # the pass's slice: [pass_block, pass_block]
+PASS_BLOCKS = (32, 64, 16)  # the pass's slice: [pass_block, pass_block]
 
 
 class Choice(NamedTuple):
@@ -61,8 +61,8 @@ RULES_PASS_BLOCK = 32
 
 
 def modes(chunk_size: int) -> tuple[str, ...]:
-    """The modes the launcher may run at this chunk size: in order always, chunks in parallel
-    from PARALLEL_MIN_CHUNK tokens."""
+    """The modes the rules may pick at this chunk size: in order always, chunks in parallel
+    from PARALLEL_MIN_CHUNK tokens (a given choice may take either at any chunk size)."""
     return MODES if chunk_size >= PARALLEL_MIN_CHUNK else MODES[:1]
 
 
@@ -237,8 +237,8 @@ def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_
                             final_states, sm_count, choice: Choice | None = None):
     """[(kernel, grid, kernel args)] of fwd_pass_state, in launch order: the chunks in order, or
     the chunks in parallel then the pass. The one place its tiles, its mode and its kernel
-    objects (index width, occupancy) are chosen: `choice` where given (one of CHOICES whose mode
-    the chunk size allows, else a ValueError), else the rules' (rules_choice).
+    objects (index width, occupancy) are chosen: `choice` where given (one of CHOICES, else a
+    ValueError), else the rules' (rules_choice).
 
     Reads only shapes and the device's SM count, so the compile gate derives its signatures from
     here too. `seg` is the (batch, seqlen) int32 segment ids, or None.
@@ -248,9 +248,8 @@ def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_
     chunk_size, nchunks = int(dt_out.shape[3]), int(dt_out.shape[2])
     if choice is None:
         choice = rules_choice(batch, nheads, headdim, dstate, chunk_size, sm_count)
-    elif choice not in CHOICES or choice.mode not in modes(chunk_size):
-        raise ValueError(f"choice: {choice} is not one of fwd_pass_state's CHOICES, or its mode "
-                         f"is not one of {modes(chunk_size)} at chunk size {chunk_size}")
+    elif choice not in CHOICES:
+        raise ValueError(f"choice: {choice} is not one of fwd_pass_state's CHOICES")
     block_p, block_n, pn_blocks = _state_slices(headdim, dstate, choice.block_p, choice.block_n)
     block_k = min(chunk_size, choice.block_k)
     parallel = choice.mode == "parallel_chunks"
@@ -277,8 +276,8 @@ def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None, *
     """(chunk_states, final_states), float32, of the caller's array type: the state entering
     every chunk, (batch, nchunks, nheads, headdim, dstate), and the state after the last token,
     (batch, nheads, headdim, dstate). x and B: float32, bfloat16 or float16, alike. `choice`:
-    the Choice to launch (one of CHOICES whose mode the chunk size allows, else a ValueError
-    before any launch) instead of the rules' for this device."""
+    the Choice to launch (one of CHOICES, else a ValueError before any launch) instead of the
+    rules' for this device."""
     backend = backend_of(x=x, B=B, dt_out=dt_out, dA_cumsum=dA_cumsum,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, initial_states=initial_states,

@@ -9,7 +9,7 @@ the kernels run on the CPU tile interpreter) or 'gpu' (CuPy arrays).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -22,7 +22,7 @@ from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from kernels.arrays import Backend, gpu_available
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, RULES_BLOCK_T, RULES_OCCUPANCY
 from kernels.compute_out import compute_out_choices
-from kernels.fwd_pass_state import modes
+from kernels.fwd_pass_state import BLOCK_KS, BLOCK_NS, BLOCK_PS, MODES, PASS_BLOCKS
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
@@ -309,10 +309,18 @@ def _exact_upstream(p: Problem):
     return dt_out, dA, _f32(states)
 
 
+# fwd_pass_state_alone's tiles: the rules', and the smallest declared ones (several blocks of
+# headdim and dstate in small problems)
+FWD_PASS_STATE_TILES = {"rules": {}, "small": dict(
+    block_k=min(BLOCK_KS), block_p=min(BLOCK_PS), block_n=min(BLOCK_NS),
+    pass_block=min(PASS_BLOCKS))}
+
+
 def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
-    """fwd_pass_state alone (fp32-exact dt_out, dA_cumsum), in each mode it may run at p's chunk
-    size (in order; chunks in parallel then the pass: the device's SM count picks one, `choice`
-    forces each, with the rules' tiles): chunk_states and final_states within
+    """fwd_pass_state alone (fp32-exact dt_out, dA_cumsum), in each mode (in order; chunks in
+    parallel then the pass: the rules pick one by the grid and the chunk size, `choice` forces
+    each), with the rules' tiles and with small declared ones (FWD_PASS_STATE_TILES: several
+    blocks of each dimension in small problems): chunk_states and final_states within
     kappa('fwd_pass_state') u M."""
     d = p.dims
     dt_out, dA, _ = _exact_upstream(p)
@@ -324,22 +332,36 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     floor = _floor(p, dt_out, states_M, final_M)
     metrics = []
     rules = fwd_pass_state_rules(d.batch, d.nheads, d.headdim, d.dstate, d.chunk_size, 1)
-    for mode in modes(d.chunk_size):
+    for mode, (name, tiles) in itertools.product(MODES, FWD_PASS_STATE_TILES.items()):
         states, final = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states,
-                              p.seq_idx, choice=rules._replace(mode=mode))
+                              p.seq_idx, choice=rules._replace(mode=mode, **tiles))
         metrics += [
-            check_close(f"fwd_pass_state ({mode}) chunk_states", states, states_ref,
-                        tf32_bound(states_M, k) + floor, states_M, p, floor=floor),
-            check_close(f"fwd_pass_state ({mode}) final_states", final, final_ref,
+            check_close(f"fwd_pass_state ({mode}, {name} tiles) chunk_states", states,
+                        states_ref, tf32_bound(states_M, k) + floor, states_M, p, floor=floor),
+            check_close(f"fwd_pass_state ({mode}, {name} tiles) final_states", final, final_ref,
                         tf32_bound(final_M, k) + floor, final_M, p, floor=floor)]
     return _merge(*metrics)
+
+
+def compute_out_alone_choices(runnable: list, params: dict) -> list:
+    """The choices compute_out_alone runs among those the shape can (`runnable`; seq_idx stands
+    in for its segment ids and x for y: the choices read shapes and dtypes): those at the
+    example's occupancy hint and token block (a stored reproducer without them: the launcher's),
+    and the program per chunk (declared at one token block) whatever the drawn one. A token block
+    that clamps to an earlier one's extent is no choice of its own: it runs as the rules'
+    (BLOCK_TS lists that first)."""
+    occupancy = params.get("occupancy", RULES_OCCUPANCY)
+    block_t = params.get("block_t", RULES_BLOCK_T)
+    runnable = [c for c in runnable if c.occupancy == occupancy]
+    block_t = block_t if block_t in {c.block_t for c in runnable} else RULES_BLOCK_T
+    return [c for c in runnable if c.block_t == block_t or c.layout == "whole_chunks"]
 
 
 def compute_out_alone(p: Problem, backend: str) -> dict:
     """compute_out alone (fp32-exact dt_out, dA_cumsum, chunk_states) in every choice it can run
     on the shape (compute_out_choices: each program layout and number of heads per program that
-    the rules or a tuned table may launch), at the occupancy hint and token block the example
-    draws: y within kappa('compute_out') u M."""
+    the rules or a tuned table may launch), at the occupancy hint the example draws and its token
+    block (compute_out_alone_choices): y within kappa('compute_out') u M."""
     d = p.dims
     dt_out, dA, states = _exact_upstream(p)
     args = (p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx)
@@ -347,24 +369,16 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
     M = R.compute_out_magnitude(*args)
     bound = tf32_bound(M, kappa("compute_out", d.seqlen, d.chunk_size, d.dstate))
     floor = _floor(p, dt_out, states)
-    # a stored reproducer without the parameters runs at the launcher's hint and token block
-    occupancy = p.params.get("occupancy", RULES_OCCUPANCY)
-    block_t = p.params.get("block_t", RULES_BLOCK_T)
-    # seq_idx stands in for its segment ids and x for y: the choices read shapes and dtypes;
-    # a token block that clamps to an earlier one's extent is not a choice of its own
-    choices = [c for c in compute_out_choices(*args, p.x)
-               if c.occupancy == occupancy and c.block_t == block_t]
-    if not choices and block_t == RULES_BLOCK_T:  # a property that checked nothing must not pass
-        raise ValueError(f"compute_out_alone: no choice at occupancy {occupancy!r} "
-                         f"(OCCUPANCIES {OCCUPANCIES})\n  {p.describe()}")
-    if not choices:  # the drawn token block clamps to the rules' extent here: run those
-        choices = [c for c in compute_out_choices(*args, p.x)
-                   if c.occupancy == occupancy and c.block_t == RULES_BLOCK_T]
+    choices = compute_out_alone_choices(compute_out_choices(*args, p.x), p.params)
+    if not any(c.layout == "token_blocks" for c in choices):  # checked nothing of its own
+        raise ValueError(f"compute_out_alone: no choice at occupancy "
+                         f"{p.params.get('occupancy')!r} (OCCUPANCIES {OCCUPANCIES})\n  "
+                         f"{p.describe()}")
     metrics = []
     for choice in choices:
         y = _call(compute_out, backend, *args, choice=choice)
         metrics.append(check_close(
-            f"compute_out ({choice.layout}, {choice.heads} heads, occupancy {occupancy}, "
+            f"compute_out ({choice.layout}, {choice.heads} heads, occupancy {choice.occupancy}, "
             f"block_t {choice.block_t}) y", y, y_ref, bound + floor, M, p, floor=floor))
     return _merge(*metrics)
 
@@ -580,20 +594,26 @@ class Property:
 
 
 PROPERTIES = {prop.name: prop for prop in [
-    Property("forward_tf32_bound", forward_tf32_bound, lambda: problems()),
+    # a third of the examples wide (short, past the kernels' largest tiles)
+    Property("forward_tf32_bound", forward_tf32_bound,
+             lambda: st.one_of(problems(), problems(), problems(wide=True))),
     Property("extreme_decays_finite_and_bounded", forward_tf32_bound,
              lambda: problems(extreme=True)),
     Property("forward_fp16_bound", forward_fp16_bound, lambda: problems()),
-    Property("chunk_cumsum_alone", chunk_cumsum_alone, lambda: problems()),
-    # half the examples where the carried state matters as much as each chunk's increment
+    Property("chunk_cumsum_alone", chunk_cumsum_alone,
+             lambda: st.one_of(problems(), problems(wide=True))),
+    # a third of the examples where the carried state matters as much as each chunk's increment,
+    # a third wide
     Property("fwd_pass_state_alone", fwd_pass_state_alone,
-             lambda: st.one_of(problems(), problems(carried=True))),
-    # half the examples with several heads per group (two per program where their count is
-    # even), in either layout (the program per chunk runs without seq_idx only), with decays
-    # over a chunk that leave what a token block carries to the next of the order of the next
-    # block's own term (carried=True), so an error in that carry shows above the bound
+             lambda: st.one_of(problems(), problems(carried=True), problems(wide=True))),
+    # a quarter of the examples with several heads per group (two per program where their count
+    # is even), in either layout, with decays over a chunk that leave what a token block carries
+    # to the next of the order of the next block's own term (carried=True), so an error in that
+    # carry shows above the bound; three quarters without seq_idx (the program per chunk runs
+    # without it only), a quarter of them wide
     Property("compute_out_alone", compute_out_alone, lambda: _with(
-        st.one_of(problems(), problems(shared_heads=True, segments=False, carried=True)),
+        st.one_of(problems(), problems(segments=False), problems(segments=False, wide=True),
+                  problems(shared_heads=True, segments=False, carried=True)),
         occupancy=lambda p: st.sampled_from(_OCCUPANCIES),
         block_t=lambda p: st.sampled_from(_BLOCK_TS))),
     Property("causal_prefix", causal_prefix, lambda: _with(

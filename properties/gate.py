@@ -3,9 +3,14 @@
     python -m properties.gate [--backend auto|gpu|interpreter]
 
 1. compile gate: `pytest -m compile` (every kernel to cubin for sm_80, sm_90, sm_100, sm_120)
-2. the property suite with the ci profile: `pytest -m properties` (HYPOTHESIS_PROFILE=ci)
-3. every stored reproducer (properties/reproducers/*.npz) replayed: each must pass now
-4. on a GPU, the benchmark regression check against benchmarks/baseline/h200.json
+2. the kernels' own tests: every stage against its float64 reference over the named shapes
+   (tests/shapes.py), the launchers' rules, the tuner's wiring (KERNEL_TESTS; on the
+   interpreter, and on the GPU where there is one)
+3. the property suite with the ci profile: `pytest -m properties` (HYPOTHESIS_PROFILE=ci), and
+   in the same run the reach check (properties/reach.py: every class of launch reachable at the
+   ci caps launched)
+4. every stored reproducer (properties/reproducers/*.npz) replayed: each must pass now
+5. on a GPU, the benchmark regression check against benchmarks/baseline/h200.json
    (`pytest -m benchmark` then `python -m benchmarks.compare ... --threshold 0.10`); where only
    latencies regressed, those rows run again in benchmarks.compare.LATENCY_RETRIES fresh pytest
    processes and each is judged by the median of its runs (`--retry`: a latency holds the
@@ -28,6 +33,10 @@ REPO = Path(__file__).resolve().parent.parent
 REPRODUCERS = REPO / "properties" / "reproducers"
 BASELINE = REPO / "benchmarks" / "baseline" / "h200.json"
 THRESHOLD = "0.10"  # the regression threshold of benchmarks/baseline/README.md
+KERNEL_TESTS = ["tests/test_chunk_cumsum.py", "tests/test_fwd_pass_state.py",
+                "tests/test_compute_out.py", "tests/test_ssd_forward.py",
+                "tests/test_narrow_inputs.py", "tests/test_tensor_core_products.py",
+                "tests/test_tuning.py"]
 
 
 def _run(args: list[str], **env) -> int:
@@ -83,7 +92,9 @@ def main(argv=None) -> int:
 
     step("compile gate (sm_80, sm_90, sm_100, sm_120)",
          lambda: "pass" if _run([py, "-m", "pytest", "-m", "compile", "-q"]) == 0 else "FAIL")
-    step(f"properties, ci profile, {backend}",
+    step("kernel tests over the named shapes",
+         lambda: "pass" if _run([py, "-m", "pytest", "-q", *KERNEL_TESTS]) == 0 else "FAIL")
+    step(f"properties and reach, ci profile, {backend}",
          lambda: "pass" if _run([py, "-m", "pytest", "-m", "properties", "-q", "--backend",
                                  backend], HYPOTHESIS_PROFILE="ci") == 0 else "FAIL")
 
@@ -114,7 +125,7 @@ def main(argv=None) -> int:
 
     print("\nreview gate:")
     for name, status, seconds in results:
-        print(f"  {name:<48} {status}  ({seconds:.0f} s)")
+        print(f"  {name:<50} {status}  ({seconds:.0f} s)")
     failed = [name for name, status, _ in results if status.startswith("FAIL")]
     print("GATE FAILED: " + ", ".join(failed) if failed else "gate passed")
     return 1 if failed else 0

@@ -8,7 +8,7 @@ applies one mutant at a time, runs `pytest -m properties` there on the interpret
 profile's examples (shrinking off: the first failing example is enough to kill), and writes the
 report (default properties/mutant_report.txt).
 
-    python -m properties.mutants [--only NAME ...] [--jobs 2] [--report PATH]
+    python -m properties.mutants [--only NAME ...] [--jobs 2] [--report PATH] [--first]
 """
 
 from __future__ import annotations
@@ -150,6 +150,43 @@ CATALOGUE = [
     Mutant("dt_limit_upper_ignored", "kernels/chunk_cumsum.py",
            "v = ct.minimum(ct.maximum(v, DT_MIN), DT_MAX)", "v = ct.maximum(v, DT_MIN)",
            "dt_limit's upper end not applied"),
+    # the tile indices and block counts of the reach model (properties/reach.py): each killed
+    # only where a launch has two blocks or more of its dimension (or a partial last one)
+    Mutant("headdim_blocks_not_counted", "kernels/compute_out.py",
+           "    p_blocks = ct.cdiv(x.shape[3], BLOCK_P)\n    i_t = i_tp // p_blocks",
+           "    p_blocks = 1\n    i_t = i_tp // p_blocks",
+           "a program per token block ignores its headdim block: every program writes block 0"),
+    Mutant("chunk_headdim_blocks_not_counted", "kernels/compute_out.py",
+           "    p_blocks = ct.cdiv(x.shape[3], BLOCK_P)\n    i_c = i_cp // p_blocks",
+           "    p_blocks = 1\n    i_c = i_cp // p_blocks",
+           "a program per chunk ignores its headdim block: every program writes block 0"),
+    Mutant("state_headdim_block_from_dstate_index", "kernels/fwd_pass_state.py",
+           "i_p = i_pn % pn_blocks // n_blocks", "i_p = i_pn % n_blocks",
+           "fwd_pass_state's headdim block taken from the dstate block's index"),
+    Mutant("state_dstate_block_ignored", "kernels/fwd_pass_state.py",
+           "    i_n = i_pn % n_blocks\n    i_g", "    i_n = 0\n    i_g",
+           "fwd_pass_state's programs all take dstate block 0 (a second block never written)"),
+    Mutant("state_pass_dstate_block_ignored", "kernels/fwd_pass_state.py",
+           "    i_n = i_pn % n_blocks\n    END", "    i_n = 0\n    END",
+           "the pass's programs all take dstate block 0"),
+    Mutant("cumsum_head_block_ignored", "kernels/chunk_cumsum.py",
+           "a_h = ct.load(A, (i_hb,), shape=(BLOCK_H,)", "a_h = ct.load(A, (0,), shape=(BLOCK_H,)",
+           "every head block of chunk_cumsum reads the first block's A"),
+    Mutant("head_block_offset_dropped", "kernels/compute_out.py",
+           "        i_h = i_hb * HEADS + i_k\n        a_t = ",
+           "        i_h = i_hb + i_k\n        a_t = ",
+           "a multi-head program's carried-state term takes heads i_hb + k, not i_hb * HEADS + k"),
+    Mutant("chunk_head_block_offset_dropped", "kernels/compute_out.py",
+           "S = ct.load(chunk_states, (i_b, i_c, i_hb * HEADS + i_k, i_p, 0),",
+           "S = ct.load(chunk_states, (i_b, i_c, i_hb + i_k, i_p, 0),",
+           "a program per chunk over several heads loads the wrong heads' entering states"),
+    Mutant("chunk_partial_token_block_dropped", "kernels/compute_out.py",
+           "ct.cdiv(seqlen - i_c * CHUNK, BLOCK_T)", "(seqlen - i_c * CHUNK) // BLOCK_T",
+           "a program per chunk skips the last chunk's partial token block"),
+    Mutant("s_block_offset_dropped", "kernels/compute_out.py",
+           "rows = ct.reshape(i_sc * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))",
+           "rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))",
+           "the causal mask takes an s-block's rows without its offset in the chunk"),
 ]
 
 BY_NAME = {m.name: m for m in CATALOGUE}
@@ -218,14 +255,16 @@ class Result:
     error: str = ""
 
 
-def run_mutant(mutant: Mutant, timeout: float = 1200) -> Result:
-    """Run the property suite on the interpreter against `mutant`; which tests fail."""
+def run_mutant(mutant: Mutant, timeout: float = 1200, first: bool = False) -> Result:
+    """Run the property suite on the interpreter against `mutant`; which tests fail (with
+    `first`, the suite stops at the first)."""
     start = time.time()
     root = mutated_tree(mutant)
     try:
         report = root / "junit.xml"
-        proc = python_in(root, ["-m", "pytest", "-m", "properties", "--backend", "interpreter", "-p", "no:cacheprovider", "-q",
-                                f"--junitxml={report}"],
+        proc = python_in(root, ["-m", "pytest", "-m", "properties", "--backend", "interpreter",
+                                "-p", "no:cacheprovider", "-q", f"--junitxml={report}",
+                                *(["-x"] if first else [])],
                          env={"HYPOTHESIS_PROFILE": "mutants"}, timeout=timeout)
         if not report.exists():
             return Result(mutant, [], 0, time.time() - start,
@@ -266,19 +305,24 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", choices=sorted(BY_NAME), help="mutants to run")
     parser.add_argument("--jobs", type=int, default=2, help="mutants run in parallel")
     parser.add_argument("--report", type=Path, default=REPORT)
+    parser.add_argument("--first", action="store_true",
+                        help="stop each mutant's suite at its first failing test (faster; the "
+                             "report then names one killer per mutant)")
     args = parser.parse_args(argv)
     mutants = [BY_NAME[n] for n in args.only] if args.only else CATALOGUE
     for m in mutants:
         check_applies(m)
     start = time.time()
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(run_mutant, mutants))
+        results = list(pool.map(lambda m: run_mutant(m, first=args.first), mutants))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                             capture_output=True, text=True).stdout.strip()
     header = (f"Mutant report: the property suite (pytest -m properties, HYPOTHESIS_PROFILE=mutants"
               f" = the ci profile's examples without shrinking) on the CPU interpreter against "
               f"{len(mutants)} seeded kernel bugs; kernel source at commit {commit} "
-              f"(+ working tree); {time.time() - start:.0f} s with {args.jobs} jobs.")
+              f"(+ working tree); {time.time() - start:.0f} s with {args.jobs} jobs"
+              + ("; each suite stopped at its first failing test (--first)." if args.first
+                 else "."))
     text = format_report(results, header)
     args.report.write_text(text)
     print(text)

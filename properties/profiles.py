@@ -14,6 +14,9 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from contract import CHUNK_SIZES
+from kernels.chunk_cumsum import RULES_BLOCK_H
+from kernels.compute_out import MAX_BLOCK_P
+from kernels.fwd_pass_state import RULES_BLOCK_N
 
 # Where the nightly profile keeps its example database (failures found at night replay first
 # the next night; the fuzz command points it into its output folder).
@@ -22,7 +25,13 @@ NIGHTLY_DATABASE = ".hypothesis/nightly"
 
 @dataclass(frozen=True)
 class Caps:
-    """The largest sizes a profile draws (the interpreter is Python: small on the CPU)."""
+    """The largest sizes a profile draws (the interpreter is Python: small on the CPU).
+
+    Wide examples (where `wide_cost` > 0) reach past the kernels' largest tiles cheaply: nheads,
+    headdim and dstate up to the wide_* caps, with seqlen at most `wide_seqlen` and batch x
+    wide_seqlen x nheads x headdim x dstate at most `wide_cost`. `reach`: the reach check
+    (properties/reach.py) holds a run of the whole suite to every class of launch these caps
+    allow."""
 
     batch: int
     seqlen: int
@@ -30,12 +39,23 @@ class Caps:
     headdim: int
     dstate: int
     chunk_sizes: tuple[int, ...] = CHUNK_SIZES
+    wide_nheads: int = 0
+    wide_headdim: int = 0
+    wide_dstate: int = 0
+    wide_seqlen: int = 0
+    wide_cost: int = 0
+    reach: bool = False
 
 
+# past the kernels' largest tiles: a second head block of chunk_cumsum (16 heads), a third,
+# partial headdim block (64 columns) and a second, partial dstate block of fwd_pass_state
+# (128); dstate past 128 also halves compute_out's token block
+WIDE = dict(wide_nheads=RULES_BLOCK_H + 4, wide_headdim=2 * MAX_BLOCK_P + 17,
+            wide_dstate=RULES_BLOCK_N + 17, wide_seqlen=80, wide_cost=80 * 4 * 64 * 128)
 CAPS = {
     "dev": Caps(batch=2, seqlen=200, nheads=4, headdim=32, dstate=32),
-    "ci": Caps(batch=2, seqlen=300, nheads=4, headdim=64, dstate=64),
-    "nightly": Caps(batch=3, seqlen=1100, nheads=8, headdim=128, dstate=128),
+    "ci": Caps(batch=2, seqlen=300, nheads=4, headdim=64, dstate=64, **WIDE, reach=True),
+    "nightly": Caps(batch=3, seqlen=1100, nheads=8, headdim=128, dstate=128, **WIDE),
 }
 CAPS["mutants"] = CAPS["ci"]
 

@@ -125,25 +125,70 @@ class Problem:
         return meta["property"], problem
 
 
+def _blocked(tiles, lo: int, cap: int):
+    """A size by the blocks of a tile it makes: one of `tiles`, 1, 2 or 3 blocks, the last full
+    or partial (each class of the reach model about as likely), clamped to [lo, cap]."""
+    def size(tile, blocks, full, rest):
+        return min(cap, max(lo, (blocks - 1) * tile + (tile if full else 1 + rest % (tile - 1))))
+    return st.builds(size, st.sampled_from(sorted(t for t in tiles if t > 1)), st.integers(1, 3),
+                     st.booleans(), st.integers(0, 1 << 16))
+
+
 def _seqlens(cap: int, chunk_size: int, lo: int = 1):
-    """seqlen from lo: 1, multiples of chunk_size and +-1, primes, anything up to the cap."""
+    """seqlen from lo: the edges of one to four chunks and of whole token blocks (the kernels'
+    block counts, full and partial), multiples of chunk_size and +-1, primes, anything up to
+    the cap."""
+    edges = [1, chunk_size - 1, chunk_size, chunk_size + 1, 2 * chunk_size, 2 * chunk_size + 1,
+             3 * chunk_size, 4 * chunk_size + 1, 64, 96, 128, 192, 256]
     multiples = [k * chunk_size + d for k in range(1, cap // chunk_size + 1) for d in (-1, 0, 1)]
-    special = sorted({n for n in [1, *multiples, *PRIMES] if lo <= n <= cap})
-    anything = st.integers(lo, cap)
-    return st.one_of(st.sampled_from(special), anything) if special else anything
+    edges, special = ([n for n in sorted(set(values)) if lo <= n <= cap]
+                      for values in (edges, [1, *multiples, *PRIMES]))
+    options = [st.sampled_from(v) for v in (edges, special) if v]
+    # by whole and partial chunks (twice as likely: the chunk count is a class of every kernel)
+    # and by token blocks
+    by_chunks = _blocked({chunk_size}, lo, cap)
+    return st.one_of(by_chunks, by_chunks, _blocked({16, 32, 64}, lo, cap), *options,
+                     st.integers(lo, cap))
 
 
 def _dims_upto(cap: int):
-    """headdim / dstate: powers of two and any size (masked, padded tiles), 1 included."""
-    pow2 = [1 << k for k in range(cap.bit_length()) if 1 << k <= cap]
-    return st.one_of(st.sampled_from(pow2), st.integers(1, cap))
+    """headdim / dstate: powers of two and one each side of them (a tile's last block full or
+    partial) and any size (masked, padded tiles), 1 included."""
+    edges = sorted({(1 << k) + d for k in range(cap.bit_length()) for d in (-1, 0, 1)
+                    if 1 <= (1 << k) + d <= cap})
+    return st.one_of(st.sampled_from(edges), _blocked((16, 32, 64), 1, cap),
+                     st.integers(1, cap))
+
+
+def _wide_dims(cap: int, wide_cap: int):
+    """A wide example's headdim / dstate: past `cap` (each block count and last-block class of
+    the tiles up to `wide_cap`: multiples of 32 and one more) or within it."""
+    if wide_cap <= cap:
+        return _dims_upto(wide_cap)
+    edges = sorted({n for k in range(1, wide_cap // 32 + 1) for n in (32 * k, 32 * k + 1)
+                    if cap < n <= wide_cap} | {wide_cap})
+    return st.one_of(st.sampled_from(edges), _blocked((32, 64, 128), cap + 1, wide_cap),
+                     st.integers(cap + 1, wide_cap), _dims_upto(cap))
+
+
+def drawable(d: Dims, c: Caps) -> bool:
+    """Whether `specs` can draw a problem of these dimensions under caps `c` (the reach model's
+    domain): within the caps, or a wide example."""
+    if d.chunk_size not in c.chunk_sizes or d.nheads % d.ngroups or d.batch > c.batch:
+        return False
+    if (d.seqlen <= c.seqlen and d.nheads <= c.nheads and d.headdim <= c.headdim
+            and d.dstate <= c.dstate):
+        return True
+    return (c.wide_cost > 0 and d.seqlen <= c.wide_seqlen and d.nheads <= c.wide_nheads
+            and d.headdim <= c.wide_headdim and d.dstate <= c.wide_dstate
+            and d.batch * c.wide_seqlen * d.nheads * d.headdim * d.dstate <= c.wide_cost)
 
 
 @st.composite
 def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
           ragged: bool | None = None, extreme: bool = False, gate: bool | None = None,
           initial_states: bool | None = None, min_seqlen: int = 1,
-          carried: bool = False, shared_heads: bool = False):
+          carried: bool = False, shared_heads: bool = False, wide: bool = False):
     """A Spec within `limits` (default: the active profile's caps).
 
     `segments`, `gate`, `initial_states`: force the option on (True) or off (False); `ragged`:
@@ -151,30 +196,39 @@ def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
     fp32 edges; `carried`: two chunks or more, every head's decay over a chunk 10^0.25..10^1.25 (the
     state carried into a chunk is then of the order of the chunk's own increment, so an error in
     the carry alone, e.g. one token's decay, shows above the bound; elsewhere the carry is ~1 or
-    ~0). A chunk size whose two chunks exceed the caps is not drawn then. `shared_heads`: two
+    ~0). A chunk size whose two chunks exceed the caps is not drawn then. `wide`: a wide example
+    where the caps have wide_* sizes and the other constraints allow one (`drawable`): short,
+    past the kernels' largest tiles. `shared_heads`: two
     heads or more per group and chunks of SHARED_HEADS_MIN_CHUNK tokens or more, where compute_out
     can run a program over several heads of a group (a power of two that divides the group's
     heads: an odd count still runs one head per program).
     """
     c = limits or caps()
-    chunk_sizes = [q for q in c.chunk_sizes if (not carried or q < c.seqlen)
-                   and (not shared_heads or q >= SHARED_HEADS_MIN_CHUNK)]
     per_group = 2 if shared_heads else 1  # the fewest heads per group
+
+    def chunk_sizes_below(seqlen_cap):
+        return [q for q in c.chunk_sizes if (not carried or q < seqlen_cap)
+                and (not shared_heads or q >= SHARED_HEADS_MIN_CHUNK)]
+    chunk_sizes = chunk_sizes_below(c.seqlen)
     if not chunk_sizes or c.nheads < per_group:
         raise ValueError(f"specs: the caps {c} hold no problem with carried={carried}, "
                          f"shared_heads={shared_heads}")
-    chunk_size = draw(st.sampled_from(chunk_sizes))
-    lo = max(min_seqlen, chunk_size + 1 if carried else 1)
-    if ragged:
-        seqlen = draw(_seqlens(c.seqlen, chunk_size, lo).filter(lambda n: n % chunk_size != 0))
+    wide_chunks = chunk_sizes_below(c.wide_seqlen) if c.wide_cost and wide else []
+    wide = bool(wide_chunks)
+    batch = draw(st.integers(1, c.batch))
+    if wide:  # each size up to its wide cap while batch x wide_seqlen x ... stays in wide_cost
+        budget = c.wide_cost // (batch * c.wide_seqlen)
+        nheads_cap = max(per_group, min(c.wide_nheads, budget))
+        ngroups = draw(st.integers(1, nheads_cap // per_group))
+        nheads = ngroups * draw(st.integers(per_group, nheads_cap // ngroups))
+        headdim = draw(_wide_dims(c.headdim, min(c.wide_headdim, max(1, budget // nheads))))
+        dstate = draw(_wide_dims(c.dstate,
+                                 min(c.wide_dstate, max(1, budget // (nheads * headdim)))))
     else:
-        seqlen = draw(_seqlens(c.seqlen, chunk_size, lo))
-    ngroups = draw(st.integers(1, c.nheads // per_group))
-    nheads = ngroups * draw(st.integers(per_group, c.nheads // ngroups))
-    n_segments = 1
-    if segments is not False and seqlen > 1:
-        n_segments = draw(st.integers(2, min(seqlen, 6))) if segments else \
-            draw(st.sampled_from([1, 1, 2, 3, 5]).map(lambda k: min(k, seqlen)))
+        ngroups = draw(st.integers(1, c.nheads // per_group))
+        nheads = ngroups * draw(st.integers(per_group, c.nheads // ngroups))
+        headdim = draw(_dims_upto(c.headdim))
+        dstate = draw(_dims_upto(c.dstate))
     if extreme:
         decay = draw(st.floats(3.0, 4.0))
         scales = [draw(st.floats(-8.0, 8.0)) for _ in range(3)]
@@ -190,27 +244,33 @@ def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
         decay = draw(st.floats(-3.0, 4.0))
         scales = tuple(draw(st.floats(-3.0, 3.0)) for _ in range(3))
     dt_mode = draw(st.sampled_from(["plain", "negative", "softplus"]))
+    D = draw(st.sampled_from([None, "head", "channel"]))
+    z = draw(st.booleans()) if gate is None else gate
+    dt_bias = True if dt_mode == "softplus" else draw(st.booleans())
+    dt_limit = draw(st.sampled_from(DT_LIMITS))
+    initial = draw(st.booleans()) if initial_states is None else initial_states
+    decay_spread = draw(st.floats(0.0, 0.5 if carried else 6.0))
+    tails = draw(st.sampled_from([0.0, 0.0, 1.0, 3.0]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    # chunk size and seqlen last: Hypothesis varies late draws between examples more than early
+    # ones, and the pair decides most block counts
+    seqlen_cap = c.wide_seqlen if wide else c.seqlen
+    chunk_size = draw(st.sampled_from(wide_chunks if wide else chunk_sizes))
+    lo = max(min_seqlen, chunk_size + 1 if carried else 1)
+    if ragged:
+        seqlen = draw(_seqlens(seqlen_cap, chunk_size, lo).filter(
+            lambda n: n % chunk_size != 0))
+    else:
+        seqlen = draw(_seqlens(seqlen_cap, chunk_size, lo))
+    n_segments = 1
+    if segments is not False and seqlen > 1:
+        n_segments = draw(st.integers(2, min(seqlen, 6))) if segments else \
+            draw(st.sampled_from([1, 1, 2, 3, 5]).map(lambda k: min(k, seqlen)))
     return Spec(
-        batch=draw(st.integers(1, c.batch)),
-        seqlen=seqlen,
-        nheads=nheads,
-        ngroups=ngroups,
-        headdim=draw(_dims_upto(c.headdim)),
-        dstate=draw(_dims_upto(c.dstate)),
-        chunk_size=chunk_size,
-        D=draw(st.sampled_from([None, "head", "channel"])),
-        z=draw(st.booleans()) if gate is None else gate,
-        dt_mode=dt_mode,
-        dt_bias=True if dt_mode == "softplus" else draw(st.booleans()),
-        dt_limit=draw(st.sampled_from(DT_LIMITS)),
-        initial_states=draw(st.booleans()) if initial_states is None else initial_states,
-        segments=n_segments,
-        decay=decay,
-        decay_spread=draw(st.floats(0.0, 0.5 if carried else 6.0)),
-        scales=scales,
-        tails=draw(st.sampled_from([0.0, 0.0, 1.0, 3.0])),
-        seed=draw(st.integers(0, 2**32 - 1)),
-    )
+        batch=batch, seqlen=seqlen, nheads=nheads, ngroups=ngroups, headdim=headdim,
+        dstate=dstate, chunk_size=chunk_size, D=D, z=z, dt_mode=dt_mode, dt_bias=dt_bias,
+        dt_limit=dt_limit, initial_states=initial, segments=n_segments, decay=decay,
+        decay_spread=decay_spread, scales=scales, tails=tails, seed=seed)
 
 
 def _f32(a) -> np.ndarray:
@@ -285,6 +345,20 @@ def problem(spec: Spec) -> Problem:
     return Problem(x=x, dt=dt, A=A, B=B, C=C, chunk_size=spec.chunk_size, D=D, z=z,
                    dt_bias=dt_bias, initial_states=init, seq_idx=seq_idx, dt_softplus=softplus,
                    dt_limit=spec.dt_limit, spec=repr(spec))
+
+
+def spec_of(d: Dims, options: dict, seed: int = 0) -> Spec:
+    """The Spec of a problem of these dimensions and options (as the reach model names them:
+    D, z, dt_bias, softplus, dt_limit, initial_states, seq_idx), moderate decays and values."""
+    return Spec(batch=d.batch, seqlen=d.seqlen, nheads=d.nheads, ngroups=d.ngroups,
+                headdim=d.headdim, dstate=d.dstate, chunk_size=d.chunk_size,
+                D=options.get("D"), z=bool(options.get("z")),
+                dt_mode="softplus" if options.get("softplus") else "plain",
+                dt_bias=bool(options.get("dt_bias") or options.get("softplus")),
+                dt_limit=tuple(options.get("dt_limit", (0.0, math.inf))),
+                initial_states=bool(options.get("initial_states")),
+                segments=min(3, d.seqlen) if options.get("seq_idx") else 1, decay=0.5,
+                decay_spread=1.0, scales=(0.0, 0.0, 0.0), tails=1.0, seed=seed)
 
 
 def problems(**kwargs):

@@ -5,7 +5,7 @@ import pytest
 
 import reference as R
 from kernels import fwd_pass_state
-from kernels.fwd_pass_state import fwd_pass_state_launches, modes, rules_choice
+from kernels.fwd_pass_state import MODES, fwd_pass_state_launches, rules_choice
 from properties.bounds import KAPPA
 from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
                     recorded_launches, step_options)
@@ -21,9 +21,10 @@ def stage_inputs(case):
     return kw, dt_out.astype(np.float32), dA_cumsum.astype(np.float32)
 
 
-# every case in order, and with its chunks in parallel where its chunk size allows that mode
+# every case in order and with its chunks in parallel (the rules take that mode from 128-token
+# chunks; a given choice at any chunk size)
 CASE_MODES = [pytest.param(c, mode, id=f"{c.id}-{mode}", marks=c.marks)
-              for c in CASES for mode in modes(c.chunk_size)]
+              for c in CASES for mode in MODES]
 MODE_KERNELS = {"in_order": ["_fwd_pass_state_kernel"],
                 "parallel_chunks": ["_fwd_pass_state_kernel", "_state_pass_kernel"]}
 
@@ -31,8 +32,7 @@ MODE_KERNELS = {"in_order": ["_fwd_pass_state_kernel"],
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case, mode", CASE_MODES)
 def test_fwd_pass_state_matches_reference(case, mode, backend, request):
-    """Each mode the launcher may choose at the case's chunk size, whatever device runs it (the
-    rules' choice with the mode replaced)."""
+    """Each mode, whatever device runs it (the rules' choice with the mode replaced)."""
     kw, dt_out, dA_cumsum = stage_inputs(case)
     inputs = dict(x=kw["x"], B=kw["B"], dt_out=dt_out, dA_cumsum=dA_cumsum,
                   initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
@@ -83,7 +83,7 @@ def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k):
 
 
 @pytest.mark.parametrize("choice", [
-    pytest.param(dict(mode="parallel_chunks"), id="parallel_chunks_at_chunk_64"),
+    pytest.param(dict(mode="in_parallel"), id="mode_not_declared"),
     pytest.param(dict(block_k=96), id="block_k_not_declared"),
     pytest.param(dict(occupancy=3), id="occupancy_not_declared"),
 ])

@@ -10,94 +10,116 @@ the worst case.
 from pathlib import Path
 
 import pytest
-from hypothesis import given, target
+from hypothesis import example, given, target
 
 from properties.checks import PROPERTIES, run
-from properties.strategies import Problem
+from properties.profiles import caps
+from properties.reach import cover
+from properties.strategies import Problem, problem, spec_of
 
 pytestmark = pytest.mark.properties
 
 REPRODUCERS = sorted((Path(__file__).parent.parent / "properties" / "reproducers").glob("*.npz"))
 
 
-def check(name, problem, backend):
-    for label, value in run(name, problem, backend).items():
+def covering(kind: str):
+    """The problems of the reach model's cover (properties.reach.cover) that property `kind`
+    runs, as explicit examples: with them the suite launches every class reachable at the
+    profile's caps whatever the drawn examples are (none where the profile asks no reach)."""
+    def attach(test):
+        if caps().reach:
+            for k, d, options, params in cover(caps(), 1):
+                if k == kind:
+                    p = problem(spec_of(d, dict(options)))
+                    test = example(problem=p.replace(params=params or {}))(test)
+        return test
+    return attach
+
+
+def check(name, problem, backend, reach):
+    """Property `name` on `problem`, its launches recorded for the reach check (conftest.py)."""
+    with reach.recording(name):
+        metrics = run(name, problem, backend)
+    for label, value in metrics.items():
         target(value, label=label)
 
 
+@covering("forward")
 @given(problem=PROPERTIES["forward_tf32_bound"].strategy())
-def test_forward_within_tf32_bound(problem, backend):
-    check("forward_tf32_bound", problem, backend)
+def test_forward_within_tf32_bound(problem, backend, reach):
+    check("forward_tf32_bound", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["extreme_decays_finite_and_bounded"].strategy())
-def test_extreme_decays_finite_and_bounded(problem, backend):
-    check("extreme_decays_finite_and_bounded", problem, backend)
+def test_extreme_decays_finite_and_bounded(problem, backend, reach):
+    check("extreme_decays_finite_and_bounded", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["forward_fp16_bound"].strategy())
-def test_forward_float16_inputs_within_narrow_bound(problem, backend):
-    check("forward_fp16_bound", problem, backend)
+def test_forward_float16_inputs_within_narrow_bound(problem, backend, reach):
+    check("forward_fp16_bound", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["chunk_cumsum_alone"].strategy())
-def test_chunk_cumsum_alone_within_bound(problem, backend):
-    check("chunk_cumsum_alone", problem, backend)
+def test_chunk_cumsum_alone_within_bound(problem, backend, reach):
+    check("chunk_cumsum_alone", problem, backend, reach)
 
 
+@covering("fwd_pass_state_alone")
 @given(problem=PROPERTIES["fwd_pass_state_alone"].strategy())
-def test_fwd_pass_state_alone_within_tf32_bound(problem, backend):
-    check("fwd_pass_state_alone", problem, backend)
+def test_fwd_pass_state_alone_within_tf32_bound(problem, backend, reach):
+    check("fwd_pass_state_alone", problem, backend, reach)
 
 
+@covering("compute_out_alone")
 @given(problem=PROPERTIES["compute_out_alone"].strategy())
-def test_compute_out_alone_within_tf32_bound(problem, backend):
-    check("compute_out_alone", problem, backend)
+def test_compute_out_alone_within_tf32_bound(problem, backend, reach):
+    check("compute_out_alone", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["causal_prefix"].strategy())
-def test_causal_prefix_unchanged_by_later_tokens(problem, backend):
-    check("causal_prefix", problem, backend)
+def test_causal_prefix_unchanged_by_later_tokens(problem, backend, reach):
+    check("causal_prefix", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["cumsum_non_increasing"].strategy())
-def test_cumsum_non_increasing(problem, backend):
-    check("cumsum_non_increasing", problem, backend)
+def test_cumsum_non_increasing(problem, backend, reach):
+    check("cumsum_non_increasing", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["chunk_size_invariance"].strategy())
-def test_chunk_size_invariance(problem, backend):
-    check("chunk_size_invariance", problem, backend)
+def test_chunk_size_invariance(problem, backend, reach):
+    check("chunk_size_invariance", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["split_carries_state"].strategy())
-def test_split_sequence_carries_final_state(problem, backend):
-    check("split_carries_state", problem, backend)
+def test_split_sequence_carries_final_state(problem, backend, reach):
+    check("split_carries_state", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["seq_idx_packing"].strategy())
-def test_seq_idx_packing_equals_separate_calls(problem, backend):
-    check("seq_idx_packing", problem, backend)
+def test_seq_idx_packing_equals_separate_calls(problem, backend, reach):
+    check("seq_idx_packing", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["ragged_equals_padded"].strategy())
-def test_ragged_last_chunk_equals_zero_padded(problem, backend):
-    check("ragged_equals_padded", problem, backend)
+def test_ragged_last_chunk_equals_zero_padded(problem, backend, reach):
+    check("ragged_equals_padded", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["linearity_in_x"].strategy())
-def test_linearity_in_x(problem, backend):
-    check("linearity_in_x", problem, backend)
+def test_linearity_in_x(problem, backend, reach):
+    check("linearity_in_x", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["head_permutation"].strategy())
-def test_head_permutation_within_groups(problem, backend):
-    check("head_permutation", problem, backend)
+def test_head_permutation_within_groups(problem, backend, reach):
+    check("head_permutation", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["determinism"].strategy())
-def test_two_runs_bit_identical(problem, backend):
-    check("determinism", problem, backend)
+def test_two_runs_bit_identical(problem, backend, reach):
+    check("determinism", problem, backend, reach)
 
 
 def test_every_property_has_a_test():
@@ -107,7 +129,8 @@ def test_every_property_has_a_test():
 
 
 @pytest.mark.parametrize("path", REPRODUCERS, ids=[p.stem for p in REPRODUCERS])
-def test_stored_reproducer_holds(path, backend):
+def test_stored_reproducer_holds(path, backend, reach):
     """A failure found once (by the fuzzer) stays fixed: its stored inputs pass its property."""
     name, problem = Problem.load(path)
-    run(name, problem, backend)
+    with reach.recording(f"reproducer {path.stem}"):
+        run(name, problem, backend)

@@ -137,3 +137,26 @@ def test_fuzzer_reproducer_of_planted_bug_replays(tmp_path):
     assert subprocess.run(replay, cwd=REPO).returncode == 1  # the planted bug reproduces
     fixed = [a for a in replay if a not in ("--mutant", "causal_mask_off_by_one")]
     assert subprocess.run(fixed, cwd=REPO).returncode == 0  # the real kernel passes it
+
+
+def test_review_gate_runs_what_ci_runs(monkeypatch, capsys):
+    """The gate's CPU steps: the compile gate, the kernels' own tests (each file exists), the
+    property suite under the ci profile (its run ends with the reach check, conftest.py), the
+    stored reproducers; a step that fails fails the gate."""
+    from pathlib import Path
+    from properties import gate
+    calls = []
+
+    def run(args, **env):
+        calls.append((args, env))
+        return 1 if "-m" in args and "compile" in args else 0
+    monkeypatch.setattr(gate, "_run", run)
+    assert gate.main(["--backend", "interpreter"]) == 1
+    commands = [" ".join(args) for args, _ in calls]
+    assert any("-m pytest -m compile" in c for c in commands)
+    assert any(all(t in c for t in gate.KERNEL_TESTS) for c in commands)
+    assert all((Path(gate.REPO) / t).is_file() for t in gate.KERNEL_TESTS)
+    (properties_env,) = [env for args, env in calls if "properties" in args and "-m" in args]
+    assert properties_env == {"HYPOTHESIS_PROFILE": "ci"}
+    out = capsys.readouterr().out
+    assert "GATE FAILED: compile gate" in out and "kernel tests over the named shapes" in out

@@ -1,0 +1,352 @@
+"""Reach: the classes of launch the product can make, derived from its launchers, and the check
+that the property suite launched every class reachable at the profile's caps.
+
+A launch's classes (`classes`) are read from what the launcher passes, not from the problem: the
+kernel object (function, index width, occupancy hint); for each tiled dimension, the count of
+its blocks (1, 2, 3+) and whether the last block is full or partial; the program's choices (heads
+per program, the token block, products per chunk, the mode); each option flag. The classes
+reachable at a profile's caps (`reachable`) come from running the launchers on stand-in arrays
+(a shape and a dtype, no data) over the sizes the strategies can draw (`strategies.drawable`),
+each launch the properties make: the forward by the rules, fwd_pass_state in each mode at the
+rules' and at small tiles, compute_out in each of its choices. `cover` picks a few problems
+that launch every such class: the property tests run them as explicit examples, so the check
+rests on no drawn example's luck. Classes that need sizes beyond the caps (`beyond_caps`:
+arrays of 2^31 elements or more, the int64-indexed objects) are listed with where they are
+tested instead.
+
+    python -m properties.reach            # the classes reachable at the active profile's caps
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import itertools
+import math
+import typing
+from collections import Counter, defaultdict
+
+import cuda.tile as ct
+
+from contract import Dims
+from kernels.arrays import Backend, index_dtype
+from kernels.compute_out import BLOCK_TS, OCCUPANCIES, compute_out_choices, compute_out_launch
+from kernels.fwd_pass_state import MODES, fwd_pass_state_launches
+from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
+from kernels.ssd_forward import ForwardArrays, forward_plan
+from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices
+from properties.profiles import Caps
+from properties.strategies import drawable
+
+# Where the classes that no size within the caps reaches are tested.
+BEYOND_CAPS_COVERED_BY = {
+    "int64": "GPU tests: tests/test_ssd_forward.py::test_seqlen_2_pow_20_beyond_int32_offsets "
+             "(-m 'gpu and slow'); the compile gate compiles every int64 object",
+}
+
+
+def _count(n: int) -> str:
+    return "1" if n == 1 else "2" if n == 2 else "3+"
+
+
+def _blocks(extent: int, tile: int) -> str:
+    """'count/last': the blocks of `tile` that cover `extent`, and whether the last is full."""
+    return f"{_count(-(-extent // tile))}/{'full' if extent % tile == 0 else 'partial'}"
+
+
+def _params(kernel, args) -> dict:
+    return dict(zip(inspect.signature(kernel._pyfunc).parameters, args, strict=True))
+
+
+def _index_width(kernel) -> str:
+    hints = typing.get_type_hints(kernel._annotated_function.pyfunc, include_extras=True)
+    wide = any(index_dtype(h) is ct.int64 for h in hints.values())
+    return "int64" if wide else "int32"
+
+
+def _chunk_cumsum(a: dict) -> dict:
+    dt = a["dt"]
+    return {"head blocks": _blocks(dt.shape[2], a["BLOCK_H"]),
+            "chunks": _blocks(dt.shape[1], a["CHUNK"]), "chunk": a["CHUNK"],
+            "dt_bias": a["HAS_DT_BIAS"], "softplus": a["DT_SOFTPLUS"],
+            "dt_limit low": a["DT_MIN"] > 0.0, "dt_limit high": a["DT_MAX"] < math.inf}
+
+
+def _fwd_pass_state(a: dict) -> dict:
+    x, B = a["x"], a["B"]
+    return {"headdim blocks": _blocks(x.shape[3], a["BLOCK_P"]),
+            "dstate blocks": _blocks(B.shape[3], a["BLOCK_N"]),
+            "products per chunk": _count(a["CHUNK"] // a["BLOCK_K"]),
+            "chunks": _blocks(x.shape[1], a["CHUNK"]),
+            "heads per group": _count(x.shape[2] // B.shape[2]), "groups": _count(B.shape[2]),
+            "mode": "parallel_chunks" if a["PARALLEL_CHUNKS"] else "in_order",
+            "initial_states": a["HAS_INITIAL_STATES"], "seq_idx": a["HAS_SEQ_IDX"]}
+
+
+def _state_pass(a: dict) -> dict:
+    states = a["chunk_states"]
+    return {"headdim blocks": _blocks(states.shape[3], a["BLOCK_P"]),
+            "dstate blocks": _blocks(states.shape[4], a["BLOCK_N"]),
+            "chunks": _count(states.shape[1]),
+            "initial_states": a["HAS_INITIAL_STATES"], "seq_idx": a["HAS_SEQ_IDX"]}
+
+
+def _compute_out(a: dict) -> dict:
+    x, B = a["x"], a["B"]
+    per_group = x.shape[2] // B.shape[2]
+    seqlen, chunk = x.shape[1], a["CHUNK"]
+    # a program per token block: the grid's token blocks; a program per chunk: the token blocks
+    # it loops over in the last chunk
+    tokens = seqlen if "seg" in a else seqlen - (-(-seqlen // chunk) - 1) * chunk
+    out = {"headdim blocks": _blocks(x.shape[3], a["BLOCK_P"]),
+           "token blocks per chunk": _count(chunk // a["BLOCK_T"]),
+           "token blocks" if "seg" in a else "last chunk's token blocks":
+               _blocks(tokens, a["BLOCK_T"]),
+           "chunks": _blocks(seqlen, chunk), "block_t": a["BLOCK_T"],
+           "dstate tile": "full" if B.shape[3] == a["DSTATE"] else "padded",
+           "heads per program": a["HEADS"],
+           "head blocks per group": _count(per_group // a["HEADS"]),
+           "groups": _count(B.shape[2]), "D": ("channel" if a["D_PER_HEADDIM"] else "head")
+           if a["HAS_D"] else "none", "z": a["HAS_Z"]}
+    if "HAS_SEQ_IDX" in a:
+        out["seq_idx"] = a["HAS_SEQ_IDX"]
+    return out
+
+
+CLASSES_OF = {"_chunk_cumsum_kernel": _chunk_cumsum, "_fwd_pass_state_kernel": _fwd_pass_state,
+              "_state_pass_kernel": _state_pass, "_compute_out_kernel": _compute_out,
+              "_compute_out_chunk_kernel": _compute_out}
+
+
+def classes(kernel, grid, args) -> set[str]:
+    """The classes of one launch: 'kernel function: what = value' strings."""
+    name = kernel._pyfunc.__name__
+    a = _params(kernel, args)
+    found = {f"{name}: object = {_index_width(kernel)}, occupancy "
+             f"{kernel._compiler_options.occupancy or 'default'}",
+             f"{name}: batch = {_count(a.get('dt_out', a.get('dA_cumsum')).shape[0])}"}
+    found |= {f"{name}: {what} = {value}" for what, value in CLASSES_OF[name](a).items()}
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# The classes reachable at a profile's caps: the launchers on stand-ins
+
+
+class _Stand:
+    """A stand-in array: a shape and a dtype name; a slice of its first dimension is one."""
+
+    def __init__(self, shape, dtype="float32"):
+        self.shape, self.dtype, self.ndim = tuple(shape), dtype, len(shape)
+
+    def __getitem__(self, index: slice) -> "_Stand":
+        return _Stand((len(range(self.shape[0])[index]), *self.shape[1:]), self.dtype)
+
+
+# every option on its own and all of them at once, and none
+_OPTIONS = [dict(), dict(D="head"), dict(D="channel"), dict(z=True), dict(dt_bias=True),
+            dict(softplus=True), dict(dt_limit=(1e-3, 0.1)), dict(initial_states=True),
+            dict(seq_idx=True),
+            dict(D="channel", z=True, dt_bias=True, softplus=True, dt_limit=(1e-4, 1.0),
+                 initial_states=True, seq_idx=True)]
+
+
+def _arrays(d: Dims, opts: dict) -> ForwardArrays:
+    s = lambda name, dtype="float32": _Stand(d.shape(name), dtype)  # noqa: E731
+    D = {"head": _Stand((d.nheads,)), "channel": s("D")}.get(opts.get("D"))
+    return ForwardArrays(
+        s("x"), s("dt"), s("A"), s("B"), s("C"), D, s("z") if opts.get("z") else None,
+        s("dt_bias") if opts.get("dt_bias") else None,
+        s("initial_states") if opts.get("initial_states") else None,
+        s("seq_idx", "int32") if opts.get("seq_idx") else None,
+        opts.get("softplus", False), opts.get("dt_limit", (0.0, math.inf)), s("dt_out"),
+        s("dA_cumsum"), s("chunk_states"), s("final_states"), s("y"))
+
+
+def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) -> list:
+    """The launches one property kind makes on a problem: "forward" (ssd_forward by the rules),
+    "fwd_pass_state_alone" (each mode at each tile set of FWD_PASS_STATE_TILES),
+    "compute_out_alone" (its choices at `params`' occupancy and token block, as
+    properties.checks.compute_out_alone runs them; every choice where params is None)."""
+    a = _arrays(d, opts)
+    if kind == "forward":
+        return [launch for part in forward_plan(a, sm_count, 1) for launch in part]
+    if kind == "fwd_pass_state_alone":
+        rules = fwd_pass_state_rules(d.batch, d.nheads, d.headdim, d.dstate, d.chunk_size,
+                                     sm_count)
+        return [launch for mode, tiles in itertools.product(MODES, FWD_PASS_STATE_TILES.values())
+                for launch in fwd_pass_state_launches(
+                    a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg, a.chunk_states,
+                    a.final_states, sm_count, rules._replace(mode=mode, **tiles))]
+    choices = compute_out_choices(*a.compute_out_arrays())
+    if params is not None:
+        choices = compute_out_alone_choices(choices, params)
+    return [compute_out_launch(*a.compute_out_arrays(), sm_count, choice=c) for c in choices]
+
+
+def launches(d: Dims, opts: dict, sm_count: int):
+    """Every launch the properties make on a problem of these dimensions and options: the
+    forward by the rules, fwd_pass_state in each mode and tile set (FWD_PASS_STATE_TILES),
+    compute_out in each of its choices."""
+    return [launch for kind in KINDS for launch in kind_launches(kind, d, opts, sm_count)]
+
+
+KINDS = ("forward", "fwd_pass_state_alone", "compute_out_alone")
+
+
+def _sizes(cap: int) -> list[int]:
+    """1, the cap and each side of every power of two and multiple of 64 up to it."""
+    edges = {1, cap} | {n + e for n in [1 << k for k in range(cap.bit_length())]
+                        + list(range(64, cap + 1, 64)) for e in (-1, 0, 1)}
+    return sorted(n for n in edges if 1 <= n <= cap)
+
+
+def _problems(c: Caps):
+    """(dimensions, options) the strategies can draw under caps `c`: every option set on a small
+    base at every chunk size and seqlen edge; each size at the edges of the tiles, one at a time,
+    at two seqlens per chunk size, options off and all on."""
+    nheads_cap = max(c.nheads, c.wide_nheads)
+    headdim_cap, dstate_cap = max(c.headdim, c.wide_headdim), max(c.dstate, c.wide_dstate)
+    for chunk in c.chunk_sizes:
+        seqlens = sorted({1, chunk - 1, chunk, chunk + 1, 2 * chunk, 2 * chunk + 1, 4 * chunk + 1,
+                          c.seqlen, c.wide_seqlen, 65, 129} - {0})
+        base = dict(batch=1, seqlen=1, nheads=min(4, c.nheads), headdim=min(16, c.headdim),
+                    ngroups=1, dstate=min(16, c.dstate), chunk_size=chunk)
+        for seqlen, batch, opts in itertools.product(seqlens, (1, c.batch), _OPTIONS):
+            yield Dims(**{**base, "seqlen": seqlen, "batch": batch}), opts
+        varied = ([("headdim", n) for n in _sizes(headdim_cap)]
+                  + [("dstate", n) for n in _sizes(dstate_cap)]
+                  + [("nheads", n) for n in range(1, nheads_cap + 1)])
+        for seqlen, (what, n), opts in itertools.product(
+                (chunk + 1, max(1, min(c.wide_seqlen, 4 * chunk + 1))), varied,
+                (_OPTIONS[0], _OPTIONS[-1])):
+            for ngroups in {1, 2, n if what == "nheads" else base["nheads"]}:
+                yield Dims(**{**base, "seqlen": seqlen, what: n, "ngroups": ngroups}), opts
+
+
+@functools.lru_cache
+def reachable(c: Caps, sm_count: int) -> frozenset[str]:
+    """Every class the property suite can launch under caps `c` on a device of `sm_count` SMs."""
+    found = set()
+    for d, opts in _problems(c):
+        if drawable(d, c) and not (opts.get("seq_idx") and d.seqlen < 2):
+            for kernel, grid, args in launches(d, opts, sm_count):
+                found |= classes(kernel, grid, args)
+    return frozenset(found)
+
+
+@functools.lru_cache
+def cover(c: Caps, sm_count: int) -> tuple:
+    """A few problems that launch every class reachable at caps `c`, derived from the reach
+    model by a greedy set cover: ((kind, dims, options, params), ...), each kind a property
+    that runs them as explicit examples (tests/test_properties.py) before its drawn ones."""
+    candidates = []
+    for d, opts in _problems(c):
+        if not drawable(d, c) or (opts.get("seq_idx") and d.seqlen < 2):
+            continue
+        for kind in KINDS:
+            for params in (COMPUTE_OUT_PARAMS if kind == "compute_out_alone" else (None,)):
+                found = set()
+                for launch in kind_launches(kind, d, opts, sm_count, params):
+                    found |= classes(*launch)
+                candidates.append(((kind, d, tuple(sorted(opts.items())), params), found))
+    missing, chosen = set().union(*(f for _, f in candidates)), []
+    while missing:
+        best, found = max(candidates, key=lambda cand: len(cand[1] & missing))
+        chosen.append(best)
+        missing -= found
+    return tuple(chosen)
+
+
+# the occupancy hint and token block a compute_out_alone example may draw
+COMPUTE_OUT_PARAMS = tuple(dict(occupancy=o, block_t=t) for o in OCCUPANCIES for t in BLOCK_TS)
+
+
+def beyond_caps(sm_count: int) -> set[str]:
+    """Classes that need arrays of 2^31 elements or more (never within a profile's caps)."""
+    d = Dims(1, 2**24, 128, 64, 1, 128, 256)  # dt of 2^31 elements: the int64 objects
+    found = set()
+    for opts in (dict(), _OPTIONS[-1]):
+        for kernel, grid, args in launches(d, opts, sm_count):
+            found |= {c for c in classes(kernel, grid, args) if "int64" in c}
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Recording the suite's launches
+
+
+class Record:
+    """Every class the suite launched, with the count per property, and the SM counts of the
+    backends that ran them (1: the interpreter)."""
+
+    def __init__(self):
+        self.launched: dict[str, Counter] = defaultdict(Counter)
+        self.sm_counts: set[int] = set()
+
+    @contextlib.contextmanager
+    def recording(self, prop: str):
+        """Within the block, each launch through Backend.launch is recorded for `prop`."""
+        launch = Backend.launch
+
+        def recorded(backend, kernel, grid, args, stream=None):
+            self.sm_counts.add(int(backend.sm_count))
+            for c in classes(kernel, grid, args):
+                self.launched[c][prop] += 1
+            return launch(backend, kernel, grid, args, stream)
+        Backend.launch = recorded
+        try:
+            yield
+        finally:
+            Backend.launch = launch
+
+    def properties(self) -> set[str]:
+        return {prop for counts in self.launched.values() for prop in counts}
+
+    def merge(self, other: dict):
+        """Add a record written by `as_dict` (another process's)."""
+        for c, counts in other["launched"].items():
+            self.launched[c].update(counts)
+        self.sm_counts |= set(other["sm_counts"])
+
+    def as_dict(self) -> dict:
+        return dict(launched={c: dict(counts) for c, counts in self.launched.items()},
+                    sm_counts=sorted(self.sm_counts))
+
+    def check(self, c: Caps) -> tuple[list[str], str]:
+        """(missing classes, the reach table): the classes reachable at caps `c` on each SM
+        count recorded that were never launched."""
+        sm_counts = self.sm_counts or {1}  # nothing launched: every class is missing
+        reach = functools.reduce(frozenset.intersection, (reachable(c, n) for n in sm_counts))
+        beyond = set().union(*(beyond_caps(n) for n in sm_counts))
+        return report(self.as_dict()["launched"], reach, beyond)
+
+
+def report(launched: dict, reach: set[str], beyond: set[str]) -> tuple[list[str], str]:
+    """(missing classes, the reach table as text): each reachable class, times launched and by
+    which properties; then the classes beyond the caps and where they are tested."""
+    missing = sorted(reach - set(launched))
+    lines = [f"{'class':78s} {'launches':>8s}  properties"]
+    for c in sorted(reach | set(launched)):
+        counts = launched.get(c, {})
+        props = ", ".join(f"{p} {n}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        status = "MISSING" if c in missing else f"{sum(counts.values()):8d}"
+        lines.append(f"{c:78s} {status:>8s}  {props[:120]}")
+    for c in sorted(beyond - reach):
+        where = next((v for k, v in BEYOND_CAPS_COVERED_BY.items() if k in c), "not tested")
+        lines.append(f"{c:78s} {'beyond':>8s}  the caps: {where}")
+    return missing, "\n".join(lines)
+
+
+def main():
+    from properties.profiles import caps, profile_name
+    c = caps()
+    reach = reachable(c, 1)
+    print(f"profile {profile_name()}: {len(reach)} classes reachable at {c} (interpreter)")
+    for line in sorted(reach):
+        print(" ", line)
+
+
+if __name__ == "__main__":
+    main()
