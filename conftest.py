@@ -4,6 +4,7 @@ check of the property suite."""
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -102,6 +103,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     for path in Path(config._reach_dir).glob("*.json"):
         record.merge(json.loads(path.read_text()))
+    shutil.rmtree(config._reach_dir, ignore_errors=True)
     config._reach_result = _reach_result(record)
     if config._reach_result and config._reach_result[0]:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
