@@ -40,7 +40,7 @@ class Choice(NamedTuple):
     layout: str  # LAYOUTS
     heads: int  # HEADS
     occupancy: int  # OCCUPANCIES
-    block_t: int = 64  # BLOCK_TS
+    block_t: int = BLOCK_TS[0]  # BLOCK_TS; the first is the rules' (RULES_BLOCK_T)
 
 
 # the declared search space: every choice the launcher can take (the shape allows a subset,
@@ -49,10 +49,10 @@ class Choice(NamedTuple):
 # layout")
 CHOICES = tuple(Choice(layout, heads, occupancy, block_t) for layout in LAYOUTS
                 for heads in HEADS for occupancy in OCCUPANCIES for block_t in BLOCK_TS
-                if layout == "token_blocks" or block_t == 64)
+                if layout == "token_blocks" or block_t == BLOCK_TS[0])
 
 # The rules' pick (rules_choice):
-RULES_BLOCK_T = 64  # DECISIONS.md "compute_out: token block"
+RULES_BLOCK_T = BLOCK_TS[0]  # DECISIONS.md "compute_out: token block"
 # two heads for float32 inputs where a chunk holds several token blocks, one for narrow inputs
 # (their C B^T runs at twice the TF32 rate) and for a chunk of one token block (the compiler
 # fails several there); "compute_out: heads per program"

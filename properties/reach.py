@@ -226,14 +226,27 @@ def _problems(c: Caps):
 
 
 @functools.lru_cache
+def _candidates(c: Caps, sm_count: int) -> tuple:
+    """((kind, dims, options, params), classes) of every problem the strategies can draw under
+    caps `c` (_problems), for each property kind and compute_out_alone's params."""
+    found = []
+    for d, opts in _problems(c):
+        if not drawable(d, c) or (opts.get("seq_idx") and d.seqlen < 2):
+            continue
+        for kind in KINDS:
+            for params in (COMPUTE_OUT_PARAMS if kind == "compute_out_alone" else (None,)):
+                launched = set()
+                for launch in kind_launches(kind, d, opts, sm_count, params):
+                    launched |= classes(*launch)
+                found.append(((kind, d, tuple(sorted(opts.items())), params),
+                              frozenset(launched)))
+    return tuple(found)
+
+
+@functools.lru_cache
 def reachable(c: Caps, sm_count: int) -> frozenset[str]:
     """Every class the property suite can launch under caps `c` on a device of `sm_count` SMs."""
-    found = set()
-    for d, opts in _problems(c):
-        if drawable(d, c) and not (opts.get("seq_idx") and d.seqlen < 2):
-            for kernel, grid, args in launches(d, opts, sm_count):
-                found |= classes(kernel, grid, args)
-    return frozenset(found)
+    return frozenset().union(*(launched for _, launched in _candidates(c, sm_count)))
 
 
 @functools.lru_cache
@@ -241,17 +254,8 @@ def cover(c: Caps, sm_count: int) -> tuple:
     """A few problems that launch every class reachable at caps `c`, derived from the reach
     model by a greedy set cover: ((kind, dims, options, params), ...), each kind a property
     that runs them as explicit examples (tests/test_properties.py) before its drawn ones."""
-    candidates = []
-    for d, opts in _problems(c):
-        if not drawable(d, c) or (opts.get("seq_idx") and d.seqlen < 2):
-            continue
-        for kind in KINDS:
-            for params in (COMPUTE_OUT_PARAMS if kind == "compute_out_alone" else (None,)):
-                found = set()
-                for launch in kind_launches(kind, d, opts, sm_count, params):
-                    found |= classes(*launch)
-                candidates.append(((kind, d, tuple(sorted(opts.items())), params), found))
-    missing, chosen = set().union(*(f for _, f in candidates)), []
+    candidates = _candidates(c, sm_count)
+    missing, chosen = set(reachable(c, sm_count)), []
     while missing:
         best, found = max(candidates, key=lambda cand: len(cand[1] & missing))
         chosen.append(best)
