@@ -11,11 +11,14 @@ the kernel object (int64 where its function asks for ct.IndexedWithInt64), the l
 constants.
 """
 
+import concurrent.futures
 import importlib
 import inspect
 import io
 import itertools
 import math
+import multiprocessing
+import os
 import typing
 
 import pytest
@@ -203,15 +206,41 @@ def test_every_kernel_object_is_compiled_with_every_option():
             assert values == {False, True}, f"{name}: {param} only compiled as {values}"
 
 
+def _export(name: str, arch: str, index: int) -> bytes:
+    """The cubin of one specialization (one tileiras run)."""
+    kernel, arg_lists = SPECIALIZATIONS[name]
+    out = io.BytesIO()
+    try:
+        export_kernel(kernel, [signature(kernel, arg_lists[index])], out, gpu_code=arch,
+                      output_format="cubin")
+    except Exception as e:  # as text: the compiler's error class may not survive the pickling
+        raise RuntimeError(f"{type(e).__name__}: {e}") from None
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def cubins(request):
+    """{(name, arch): futures of its specializations' cubins} for the selected compile tests.
+
+    Each export is a tileiras run of about a second, so they go to a pool of processes, one
+    per core, as soon as the first compile test starts; each test waits for its own."""
+    wanted = [(item.callspec.params["name"], item.callspec.params["arch"])
+              for item in request.session.items
+              if getattr(item, "originalname", None) == "test_kernel_compiles_to_cubin"]
+    context = multiprocessing.get_context("fork")  # the children inherit SPECIALIZATIONS
+    with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=context) as pool:
+        yield {(name, arch): [pool.submit(_export, name, arch, index)
+                              for index in range(len(SPECIALIZATIONS[name][1]))]
+               for name, arch in wanted}
+        pool.shutdown(cancel_futures=True)
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", sorted(SPECIALIZATIONS))
-def test_kernel_compiles_to_cubin(name, arch):
-    kernel, arg_lists = SPECIALIZATIONS[name]
-    out = io.BytesIO()
-    export_kernel(kernel, [signature(kernel, args) for args in arg_lists], out, gpu_code=arch,
-                  output_format="cubin")
-    assert out.getvalue()[:4] == b"\x7fELF"
+def test_kernel_compiles_to_cubin(name, arch, cubins):
+    for index, future in enumerate(cubins[name, arch]):
+        assert future.result()[:4] == b"\x7fELF", (name, arch, SPECIALIZATIONS[name][1][index])
 
 
 def test_kernel_objects_index_as_their_names_say():
