@@ -9,6 +9,8 @@ measured reason of each rule: benchmarks/DECISIONS.md, under the titles named be
 
 from __future__ import annotations
 
+import functools
+
 from typing import NamedTuple
 
 import cuda.tile as ct
@@ -331,7 +333,11 @@ def layout(chunk_size: int, block_t: int, dstate_tile: int, heads: int, programs
 
 def _tiles(x, B, dt_out, block_t: int) -> tuple[int, int, int, int]:
     """(chunk_size, BLOCK_T, BLOCK_P, DSTATE tile) of a launch whose choice has `block_t`."""
-    headdim, dstate, chunk_size = int(x.shape[3]), int(B.shape[3]), int(dt_out.shape[3])
+    return _tile_sizes(int(x.shape[3]), int(B.shape[3]), int(dt_out.shape[3]), block_t)
+
+
+@functools.cache
+def _tile_sizes(headdim: int, dstate: int, chunk_size: int, block_t: int):
     dstate_tile = pow2_tile(dstate, lo=MMA_MIN)
     block_t = max(MMA_MIN, min(chunk_size, block_t, block_t * TILE_DSTATE // dstate_tile))
     return chunk_size, block_t, pow2_tile(headdim, lo=MMA_MIN, hi=MAX_BLOCK_P), dstate_tile
@@ -378,11 +384,17 @@ def compute_out_choices(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) 
 
 
 def _choices(x, B, dt_out, seg, int64: bool) -> list[Choice]:
-    per_group = int(x.shape[2]) // int(B.shape[2])
-    whole_chunks = _whole_chunks_run(x, seg, int64)
+    return list(_choices_of(int(x.shape[2]) // int(B.shape[2]), int(x.shape[3]),
+                            int(B.shape[3]), int(dt_out.shape[3]),
+                            _whole_chunks_run(x, seg, int64)))
+
+
+@functools.cache
+def _choices_of(per_group: int, headdim: int, dstate: int, chunk: int,
+                whole_chunks: bool) -> tuple[Choice, ...]:
     found, launches = [], set()
     for choice in CHOICES:
-        chunk_size, block_t, _, dstate_tile = _tiles(x, B, dt_out, choice.block_t)
+        chunk_size, block_t, _, dstate_tile = _tile_sizes(headdim, dstate, chunk, choice.block_t)
         if choice.layout == "whole_chunks" and not (whole_chunks
                                                     and dstate_tile <= WHOLE_CHUNK_DSTATE):
             continue
@@ -393,7 +405,7 @@ def _choices(x, B, dt_out, seg, int64: bool) -> list[Choice]:
         if launch not in launches:
             launches.add(launch)
             found.append(choice)
-    return found
+    return tuple(found)
 
 
 def rules_choice(x, B, dt_out, seg, int64: bool, sm_count) -> Choice:

@@ -20,12 +20,17 @@ tested instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import hashlib
 import inspect
 import itertools
+import json
 import math
+import os
 import typing
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import cuda.tile as ct
 
@@ -55,14 +60,23 @@ def _blocks(extent: int, tile: int) -> str:
     return f"{_count(-(-extent // tile))}/{'full' if extent % tile == 0 else 'partial'}"
 
 
+@functools.cache
+def _names(pyfunc) -> tuple[str, ...]:
+    return tuple(inspect.signature(pyfunc).parameters)
+
+
 def _params(kernel, args) -> dict:
-    return dict(zip(inspect.signature(kernel._pyfunc).parameters, args, strict=True))
+    return dict(zip(_names(kernel._pyfunc), args, strict=True))
+
+
+@functools.cache
+def _width(pyfunc) -> str:
+    hints = typing.get_type_hints(pyfunc, include_extras=True)
+    return "int64" if any(index_dtype(h) is ct.int64 for h in hints.values()) else "int32"
 
 
 def _index_width(kernel) -> str:
-    hints = typing.get_type_hints(kernel._annotated_function.pyfunc, include_extras=True)
-    wide = any(index_dtype(h) is ct.int64 for h in hints.values())
-    return "int64" if wide else "int32"
+    return _width(kernel._annotated_function.pyfunc)
 
 
 def _chunk_cumsum(a: dict) -> dict:
@@ -246,7 +260,8 @@ def _candidates(c: Caps, sm_count: int) -> tuple:
 @functools.lru_cache
 def reachable(c: Caps, sm_count: int) -> frozenset[str]:
     """Every class the property suite can launch under caps `c` on a device of `sm_count` SMs."""
-    return frozenset().union(*(launched for _, launched in _candidates(c, sm_count)))
+    return frozenset(_stored("reachable", c, sm_count, lambda: sorted(frozenset().union(
+        *(launched for _, launched in _candidates(c, sm_count))))))
 
 
 @functools.lru_cache
@@ -254,13 +269,53 @@ def cover(c: Caps, sm_count: int) -> tuple:
     """A few problems that launch every class reachable at caps `c`, derived from the reach
     model by a greedy set cover: ((kind, dims, options, params), ...), each kind a property
     that runs them as explicit examples (tests/test_properties.py) before its drawn ones."""
-    candidates = _candidates(c, sm_count)
-    missing, chosen = set(reachable(c, sm_count)), []
-    while missing:
-        best, found = max(candidates, key=lambda cand: len(cand[1] & missing))
-        chosen.append(best)
-        missing -= found
-    return tuple(chosen)
+    def greedy():
+        candidates = _candidates(c, sm_count)
+        missing, chosen = set(reachable(c, sm_count)), []
+        while missing:
+            best, found = max(candidates, key=lambda cand: len(cand[1] & missing))
+            chosen.append(best)
+            missing -= found
+        return [(kind, dataclasses.astuple(d), opts, params)
+                for kind, d, opts, params in chosen]
+    return tuple((kind, Dims(*d), tuple((k, tuple(v) if isinstance(v, list) else v)
+                                        for k, v in opts), params)
+                 for kind, d, opts, params in _stored("cover", c, sm_count, greedy))
+
+
+# Where reachable() and cover() keep their results between runs (each process of a run, and
+# each run, would otherwise enumerate the drawable problems anew: seconds): one JSON file per
+# caps, SM count and version of the sources they are derived from.
+STORE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cutile-ssd" / "reach"
+_SOURCES = ("contract.py", "kernels", "properties")
+
+
+@functools.cache
+def _sources_digest() -> str:
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for name in _SOURCES:
+        for path in sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [
+                root / name]:
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _stored(what: str, c: Caps, sm_count: int, compute):
+    """compute()'s JSON-able result, read from STORE where an earlier process stored it for the
+    same caps, SM count and sources, else computed and stored."""
+    key = hashlib.sha256(repr((what, c, int(sm_count), _sources_digest())).encode())
+    path = STORE / f"{what}-{key.hexdigest()[:24]}.json"
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(path.read_text())
+    value = compute()
+    with contextlib.suppress(OSError):  # a read-only home only loses the saving
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        partial.write_text(json.dumps(value))
+        partial.replace(path)
+    return value
 
 
 # the occupancy hint and token block a compute_out_alone example may draw

@@ -148,3 +148,22 @@ def test_the_cover_launches_every_reachable_class():
             launched |= classes(*launch)
     assert launched == reachable(small, 1)
     assert len(chosen) < 40  # a few problems, not the enumeration
+
+
+def test_stored_results_equal_fresh_ones_and_follow_the_sources(monkeypatch, tmp_path):
+    """reachable() and cover() read what an earlier process stored for the same caps, SM count
+    and sources: equal to a fresh computation; another version of the sources stores anew."""
+    from properties import reach
+    small = dataclasses.replace(CI, batch=1, seqlen=40, nheads=2, headdim=20, dstate=20,
+                                chunk_sizes=(16,), wide_cost=0, reach=True)
+    monkeypatch.setattr(reach, "STORE", tmp_path)
+
+    def fresh():
+        for f in (reach.reachable, reach.cover, reach._candidates):
+            f.cache_clear()
+        return reach.reachable(small, 1), reach.cover(small, 1)
+    computed = fresh()
+    assert len(list(tmp_path.glob("*.json"))) == 2
+    assert fresh() == computed and computed[0] and computed[1]  # read back from the store
+    monkeypatch.setattr(reach, "_sources_digest", lambda: "another version")
+    assert fresh() == computed and len(list(tmp_path.glob("*.json"))) == 4
