@@ -12,7 +12,8 @@ import pytest
 from hypothesis import settings
 
 from kernels.arrays import gpu_available
-from properties.profiles import caps, profile_name, register_profiles
+from properties.profiles import (BACKEND_VARIABLE, buckets, caps, profile_name,
+                                 register_profiles)
 
 # Hypothesis profiles (properties/profiles.py): `dev` by default, `ci` where CI is set,
 # $HYPOTHESIS_PROFILE to choose (`nightly` for the fuzz job). Loaded here, before any test
@@ -37,15 +38,19 @@ def pytest_addoption(parser):
              "or auto (GPU if one is present, else the interpreter)")
 
 
-@pytest.fixture(scope="session")
-def backend(request) -> str:
-    """'gpu' or 'interpreter': the backend the kernels under test run on."""
-    choice = request.config.getoption("--backend")
+def _resolve_backend(config) -> str:
+    choice = config.getoption("--backend")
     if choice == "auto":
         return "gpu" if gpu_available() else "interpreter"
     if choice == "gpu" and not gpu_available():
         pytest.exit("--backend gpu was asked for but no CUDA device is available", returncode=4)
     return choice
+
+
+@pytest.fixture(scope="session")
+def backend(request) -> str:
+    """'gpu' or 'interpreter': the backend the kernels under test run on."""
+    return _resolve_backend(request.config)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -62,11 +67,14 @@ def pytest_configure(config):
     name = config.getoption("hypothesis_profile", None)
     if name:
         os.environ["HYPOTHESIS_PROFILE"] = name
+    # the strategies draw from buckets on the GPU (properties.profiles.buckets): they are built
+    # when the test modules are imported, after this
+    os.environ[BACKEND_VARIABLE] = _resolve_backend(config)
 
 
 def pytest_report_header(config):
     return (f"hypothesis profile: {profile_name()} ({settings.default.max_examples} examples, "
-            f"caps {caps()})")
+            f"caps {caps()}, {buckets()} buckets per strategy)")
 
 
 # --------------------------------------------------------------------------------------------

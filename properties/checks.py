@@ -26,7 +26,7 @@ from kernels.fwd_pass_state import BLOCK_KS, BLOCK_NS, BLOCK_PS, MODES, PASS_BLO
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
-from properties.profiles import caps
+from properties.profiles import buckets, caps
 from properties.strategies import Problem, problems
 
 BACKENDS = ("interpreter", "gpu")
@@ -611,9 +611,12 @@ PROPERTIES = {prop.name: prop for prop in [
     # to the next of the order of the next block's own term (carried=True), so an error in that
     # carry shows above the bound; three quarters without seq_idx (the program per chunk runs
     # without it only), a quarter of them wide
+    # on the GPU one bucket per branch (properties.profiles.buckets): each example compiles
+    # several kernels (every choice at its drawn hint and token block)
     Property("compute_out_alone", compute_out_alone, lambda: _with(
-        st.one_of(problems(), problems(segments=False), problems(segments=False, wide=True),
-                  problems(shared_heads=True, segments=False, carried=True)),
+        st.one_of(*(problems(**kw, buckets=min(1, buckets())) for kw in (
+            {}, dict(segments=False), dict(segments=False, wide=True),
+            dict(shared_heads=True, segments=False, carried=True)))),
         occupancy=lambda p: st.sampled_from(_OCCUPANCIES),
         block_t=lambda p: st.sampled_from(_BLOCK_TS))),
     Property("causal_prefix", causal_prefix, lambda: _with(

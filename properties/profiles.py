@@ -31,7 +31,10 @@ class Caps:
     headdim and dstate up to the wide_* caps, with seqlen at most `wide_seqlen` and batch x
     wide_seqlen x nheads x headdim x dstate at most `wide_cost`. `reach`: the reach check
     (properties/reach.py) holds a run of the whole suite to every class of launch these caps
-    allow."""
+    allow. `gpu_buckets`: where the properties run on the GPU (`backend()`), each strategy draws
+    its examples' sizes and options from this many fixed buckets (`strategies.Bucket`), so that
+    the kernels' specializations, each a compile of about a second, repeat across examples; the
+    interpreter compiles nothing, and there every example draws its own."""
 
     batch: int
     seqlen: int
@@ -45,6 +48,7 @@ class Caps:
     wide_seqlen: int = 0
     wide_cost: int = 0
     reach: bool = False
+    gpu_buckets: int = 0
 
 
 # past the kernels' largest tiles: a second head block of chunk_cumsum (16 heads), a third,
@@ -52,9 +56,12 @@ class Caps:
 # (128); dstate past 128 also halves compute_out's token block
 WIDE = dict(wide_nheads=RULES_BLOCK_H + 4, wide_headdim=2 * MAX_BLOCK_P + 17,
             wide_dstate=RULES_BLOCK_N + 17, wide_seqlen=80, wide_cost=80 * 4 * 64 * 128)
+# buckets per strategy on the GPU: benchmarks/DECISIONS.md, "property suite: GPU buckets"
+GPU_BUCKETS = 2
 CAPS = {
     "dev": Caps(batch=2, seqlen=200, nheads=4, headdim=32, dstate=32),
-    "ci": Caps(batch=2, seqlen=300, nheads=4, headdim=64, dstate=64, **WIDE, reach=True),
+    "ci": Caps(batch=2, seqlen=300, nheads=4, headdim=64, dstate=64, **WIDE, reach=True,
+               gpu_buckets=GPU_BUCKETS),
     "nightly": Caps(batch=3, seqlen=1100, nheads=8, headdim=128, dstate=128, **WIDE),
 }
 CAPS["mutants"] = CAPS["ci"]
@@ -99,3 +106,21 @@ def profile_name() -> str:
 def caps() -> Caps:
     """The size caps of the active profile."""
     return CAPS[profile_name()]
+
+
+# where the property suite runs its kernels: conftest.py sets it from --backend and the machine
+BACKEND_VARIABLE = "CUTILE_SSD_BACKEND"
+
+
+def backend() -> str:
+    """'gpu' or 'interpreter': $CUTILE_SSD_BACKEND (unset: 'interpreter')."""
+    name = os.environ.get(BACKEND_VARIABLE, "interpreter")
+    if name not in ("gpu", "interpreter"):
+        raise ValueError(f"{BACKEND_VARIABLE} must be 'gpu' or 'interpreter', got {name!r}")
+    return name
+
+
+def buckets() -> int:
+    """The buckets the strategies draw sizes and options from (0: none, every example its own):
+    the profile's `gpu_buckets` where the backend is the GPU."""
+    return caps().gpu_buckets if backend() == "gpu" else 0

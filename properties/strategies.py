@@ -10,23 +10,28 @@ so kernel and reference see exactly the same inputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import reference as R
 from contract import Dims
 from kernels.compute_out import RULES_BLOCK_T
 from properties.profiles import Caps, caps
+from properties.profiles import buckets as profile_buckets
 
 PRIMES = (2, 3, 5, 7, 11, 13, 17, 31, 61, 127, 251, 257, 509, 1021)
 DT_LIMITS = ((0.0, math.inf), (1e-3, math.inf), (0.0, 0.1), (1e-4, 1.0))
 # the least chunk that holds two of compute_out's token blocks of the rules' extent
 # (RULES_BLOCK_T tokens at most), which its programs over several heads of a group need
 SHARED_HEADS_MIN_CHUNK = 2 * RULES_BLOCK_T
+# draws per bucket kept (`_fixed_buckets`)
+BUCKET_SPREAD = 10
 
 
 @dataclass(frozen=True)
@@ -184,26 +189,32 @@ def drawable(d: Dims, c: Caps) -> bool:
             and d.batch * c.wide_seqlen * d.nheads * d.headdim * d.dstate <= c.wide_cost)
 
 
-@st.composite
-def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
-          ragged: bool | None = None, extreme: bool = False, gate: bool | None = None,
-          initial_states: bool | None = None, min_seqlen: int = 1,
-          carried: bool = False, shared_heads: bool = False, wide: bool = False):
-    """A Spec within `limits` (default: the active profile's caps).
+@dataclass(frozen=True)
+class Bucket:
+    """What of an example decides the kernels' specializations on the GPU (together with
+    seqlen, of which they see little: a unit dimension, divisibility by 16, the chunk count):
+    the other sizes, the chunk size and the options. Within one bucket, examples differ in
+    seqlen, segments, decays, values and seed."""
 
-    `segments`, `gate`, `initial_states`: force the option on (True) or off (False); `ragged`:
-    force seqlen % chunk_size != 0; `extreme`: decays of 1e3..1e4 per chunk and values near the
-    fp32 edges; `carried`: two chunks or more, every head's decay over a chunk 10^0.25..10^1.25 (the
-    state carried into a chunk is then of the order of the chunk's own increment, so an error in
-    the carry alone, e.g. one token's decay, shows above the bound; elsewhere the carry is ~1 or
-    ~0). A chunk size whose two chunks exceed the caps is not drawn then. `wide`: a wide example
-    where the caps have wide_* sizes and the other constraints allow one (`drawable`): short,
-    past the kernels' largest tiles. `shared_heads`: two
-    heads or more per group and chunks of SHARED_HEADS_MIN_CHUNK tokens or more, where compute_out
-    can run a program over several heads of a group (a power of two that divides the group's
-    heads: an odd count still runs one head per program).
-    """
-    c = limits or caps()
+    batch: int
+    nheads: int
+    ngroups: int
+    headdim: int
+    dstate: int
+    chunk_size: int
+    D: str | None
+    z: bool
+    dt_mode: str
+    dt_bias: bool
+    dt_limit: tuple[float, float]
+    initial_states: bool
+    seq_idx: bool  # a seq_idx (of 2 segments or more, where seqlen allows)
+    wide: bool
+
+
+@st.composite
+def _buckets(draw, c: Caps, segments: bool | None, gate: bool | None,
+             initial_states: bool | None, carried: bool, shared_heads: bool, wide: bool):
     per_group = 2 if shared_heads else 1  # the fewest heads per group
 
     def chunk_sizes_below(seqlen_cap):
@@ -229,6 +240,75 @@ def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
         nheads = ngroups * draw(st.integers(per_group, c.nheads // ngroups))
         headdim = draw(_dims_upto(c.headdim))
         dstate = draw(_dims_upto(c.dstate))
+    dt_mode = draw(st.sampled_from(["plain", "negative", "softplus"]))
+    D = draw(st.sampled_from([None, "head", "channel"]))
+    z = draw(st.booleans()) if gate is None else gate
+    dt_bias = True if dt_mode == "softplus" else draw(st.booleans())
+    dt_limit = draw(st.sampled_from(DT_LIMITS))
+    initial = draw(st.booleans()) if initial_states is None else initial_states
+    seq_idx = draw(st.sampled_from([False, False, True, True, True])) if segments is None \
+        else segments
+    # the chunk size late: Hypothesis varies late draws between examples more than early ones
+    chunk_size = draw(st.sampled_from(wide_chunks if wide else chunk_sizes))
+    return Bucket(batch=batch, nheads=nheads, ngroups=ngroups, headdim=headdim, dstate=dstate,
+                  chunk_size=chunk_size, D=D, z=z, dt_mode=dt_mode, dt_bias=dt_bias,
+                  dt_limit=dt_limit, initial_states=initial, seq_idx=seq_idx, wide=wide)
+
+
+@functools.lru_cache(maxsize=None)
+def _fixed_buckets(c: Caps, count: int, **kwargs) -> tuple[Bucket, ...]:
+    """`count` distinct buckets of `_buckets(c, **kwargs)`, the same ones on every run: its
+    simplest, then every SPREAD-th of the distinct ones a derandomized run draws (Hypothesis'
+    first draws are near the simplest)."""
+    found: list[Bucket] = []
+
+    @settings(max_examples=BUCKET_SPREAD * count, derandomize=True, database=None,
+              deadline=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    @given(_buckets(c, **kwargs))
+    def collect(bucket):
+        if bucket not in found:
+            found.append(bucket)
+    collect()
+    return tuple(found[::max(1, len(found) // count)][:count])
+
+
+def specs(limits: Caps | None = None, *, segments: bool | None = None,
+          ragged: bool | None = None, extreme: bool = False, gate: bool | None = None,
+          initial_states: bool | None = None, min_seqlen: int = 1,
+          carried: bool = False, shared_heads: bool = False, wide: bool = False,
+          buckets: int | None = None):
+    """Specs within `limits` (default: the active profile's caps).
+
+    `segments`, `gate`, `initial_states`: force the option on (True) or off (False); `ragged`:
+    force seqlen % chunk_size != 0; `extreme`: decays of 1e3..1e4 per chunk and values near the
+    fp32 edges; `carried`: two chunks or more, every head's decay over a chunk 10^0.25..10^1.25 (the
+    state carried into a chunk is then of the order of the chunk's own increment, so an error in
+    the carry alone, e.g. one token's decay, shows above the bound; elsewhere the carry is ~1 or
+    ~0). A chunk size whose two chunks exceed the caps is not drawn then. `wide`: a wide example
+    where the caps have wide_* sizes and the other constraints allow one (`drawable`): short,
+    past the kernels' largest tiles. `shared_heads`: two
+    heads or more per group and chunks of SHARED_HEADS_MIN_CHUNK tokens or more, where compute_out
+    can run a program over several heads of a group (a power of two that divides the group's
+    heads: an odd count still runs one head per program).
+
+    `buckets` (default: the profile's, `profiles.buckets()`): where > 0, every example's sizes
+    and options come from that many fixed buckets (`Bucket`), so that on the GPU the kernels'
+    specializations repeat across examples instead of compiling anew for nearly every one; 0:
+    every example draws its own.
+    """
+    c = limits or caps()
+    count = profile_buckets() if buckets is None else buckets
+    kwargs = dict(segments=segments, gate=gate, initial_states=initial_states, carried=carried,
+                  shared_heads=shared_heads, wide=wide)
+    bucket = (st.sampled_from(_fixed_buckets(c, count, **kwargs)) if count
+              else _buckets(c, **kwargs))
+    return _specs(c, bucket, ragged=ragged, extreme=extreme, min_seqlen=min_seqlen,
+                  carried=carried)
+
+
+@st.composite
+def _specs(draw, c: Caps, bucket, ragged, extreme, min_seqlen, carried):
+    b = draw(bucket)
     if extreme:
         decay = draw(st.floats(3.0, 4.0))
         scales = [draw(st.floats(-8.0, 8.0)) for _ in range(3)]
@@ -243,34 +323,25 @@ def specs(draw, limits: Caps | None = None, *, segments: bool | None = None,
     else:
         decay = draw(st.floats(-3.0, 4.0))
         scales = tuple(draw(st.floats(-3.0, 3.0)) for _ in range(3))
-    dt_mode = draw(st.sampled_from(["plain", "negative", "softplus"]))
-    D = draw(st.sampled_from([None, "head", "channel"]))
-    z = draw(st.booleans()) if gate is None else gate
-    dt_bias = True if dt_mode == "softplus" else draw(st.booleans())
-    dt_limit = draw(st.sampled_from(DT_LIMITS))
-    initial = draw(st.booleans()) if initial_states is None else initial_states
     decay_spread = draw(st.floats(0.0, 0.5 if carried else 6.0))
     tails = draw(st.sampled_from([0.0, 0.0, 1.0, 3.0]))
     seed = draw(st.integers(0, 2**32 - 1))
-    # chunk size and seqlen last: Hypothesis varies late draws between examples more than early
-    # ones, and the pair decides most block counts
-    seqlen_cap = c.wide_seqlen if wide else c.seqlen
-    chunk_size = draw(st.sampled_from(wide_chunks if wide else chunk_sizes))
-    lo = max(min_seqlen, chunk_size + 1 if carried else 1)
+    # seqlen last: with the chunk size it decides most block counts
+    seqlen_cap = c.wide_seqlen if b.wide else c.seqlen
+    lo = max(min_seqlen, b.chunk_size + 1 if carried else 1)
+    seqlens = _seqlens(seqlen_cap, b.chunk_size, lo)
     if ragged:
-        seqlen = draw(_seqlens(seqlen_cap, chunk_size, lo).filter(
-            lambda n: n % chunk_size != 0))
-    else:
-        seqlen = draw(_seqlens(seqlen_cap, chunk_size, lo))
+        seqlens = seqlens.filter(lambda n: n % b.chunk_size != 0)
+    seqlen = draw(seqlens)
     n_segments = 1
-    if segments is not False and seqlen > 1:
-        n_segments = draw(st.integers(2, min(seqlen, 6))) if segments else \
-            draw(st.sampled_from([1, 1, 2, 3, 5]).map(lambda k: min(k, seqlen)))
+    if b.seq_idx and seqlen > 1:
+        n_segments = min(seqlen, draw(st.sampled_from([2, 3, 5]) | st.integers(2, 6)))
     return Spec(
-        batch=batch, seqlen=seqlen, nheads=nheads, ngroups=ngroups, headdim=headdim,
-        dstate=dstate, chunk_size=chunk_size, D=D, z=z, dt_mode=dt_mode, dt_bias=dt_bias,
-        dt_limit=dt_limit, initial_states=initial, segments=n_segments, decay=decay,
-        decay_spread=decay_spread, scales=scales, tails=tails, seed=seed)
+        batch=b.batch, seqlen=seqlen, nheads=b.nheads, ngroups=b.ngroups, headdim=b.headdim,
+        dstate=b.dstate, chunk_size=b.chunk_size, D=b.D, z=b.z, dt_mode=b.dt_mode,
+        dt_bias=b.dt_bias, dt_limit=b.dt_limit, initial_states=b.initial_states,
+        segments=n_segments, decay=decay, decay_spread=decay_spread, scales=scales,
+        tails=tails, seed=seed)
 
 
 def _f32(a) -> np.ndarray:

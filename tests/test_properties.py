@@ -10,7 +10,7 @@ the worst case.
 from pathlib import Path
 
 import pytest
-from hypothesis import example, given, target
+from hypothesis import given, target
 
 from properties.checks import PROPERTIES, run
 from properties.profiles import caps
@@ -22,20 +22,6 @@ pytestmark = pytest.mark.properties
 REPRODUCERS = sorted((Path(__file__).parent.parent / "properties" / "reproducers").glob("*.npz"))
 
 
-def covering(kind: str):
-    """The problems of the reach model's cover (properties.reach.cover) that property `kind`
-    runs, as explicit examples: with them the suite launches every class reachable at the
-    profile's caps whatever the drawn examples are (none where the profile asks no reach)."""
-    def attach(test):
-        if caps().reach:
-            for k, d, options, params in cover(caps(), 1):
-                if k == kind:
-                    p = problem(spec_of(d, dict(options)))
-                    test = example(problem=p.replace(params=params or {}))(test)
-        return test
-    return attach
-
-
 def check(name, problem, backend, reach):
     """Property `name` on `problem`, its launches recorded for the reach check (conftest.py)."""
     with reach.recording(name):
@@ -44,20 +30,11 @@ def check(name, problem, backend, reach):
         target(value, label=label)
 
 
-@covering("forward")
-@given(problem=PROPERTIES["forward_tf32_bound"].strategy())
-def test_forward_within_tf32_bound(problem, backend, reach):
-    check("forward_tf32_bound", problem, backend, reach)
-
-
-@given(problem=PROPERTIES["extreme_decays_finite_and_bounded"].strategy())
-def test_extreme_decays_finite_and_bounded(problem, backend, reach):
-    check("extreme_decays_finite_and_bounded", problem, backend, reach)
-
-
-@given(problem=PROPERTIES["forward_fp16_bound"].strategy())
-def test_forward_float16_inputs_within_narrow_bound(problem, backend, reach):
-    check("forward_fp16_bound", problem, backend, reach)
+# pytest-xdist sends each process two consecutive tests first: the tests that compile many
+# kernels on the GPU come first, each followed by one that compiles few
+@given(problem=PROPERTIES["compute_out_alone"].strategy())
+def test_compute_out_alone_within_tf32_bound(problem, backend, reach):
+    check("compute_out_alone", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["chunk_cumsum_alone"].strategy())
@@ -65,21 +42,9 @@ def test_chunk_cumsum_alone_within_bound(problem, backend, reach):
     check("chunk_cumsum_alone", problem, backend, reach)
 
 
-@covering("fwd_pass_state_alone")
 @given(problem=PROPERTIES["fwd_pass_state_alone"].strategy())
 def test_fwd_pass_state_alone_within_tf32_bound(problem, backend, reach):
     check("fwd_pass_state_alone", problem, backend, reach)
-
-
-@covering("compute_out_alone")
-@given(problem=PROPERTIES["compute_out_alone"].strategy())
-def test_compute_out_alone_within_tf32_bound(problem, backend, reach):
-    check("compute_out_alone", problem, backend, reach)
-
-
-@given(problem=PROPERTIES["causal_prefix"].strategy())
-def test_causal_prefix_unchanged_by_later_tokens(problem, backend, reach):
-    check("causal_prefix", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["cumsum_non_increasing"].strategy())
@@ -87,19 +52,49 @@ def test_cumsum_non_increasing(problem, backend, reach):
     check("cumsum_non_increasing", problem, backend, reach)
 
 
-@given(problem=PROPERTIES["chunk_size_invariance"].strategy())
-def test_chunk_size_invariance(problem, backend, reach):
-    check("chunk_size_invariance", problem, backend, reach)
+@given(problem=PROPERTIES["forward_tf32_bound"].strategy())
+def test_forward_within_tf32_bound(problem, backend, reach):
+    check("forward_tf32_bound", problem, backend, reach)
 
 
-@given(problem=PROPERTIES["split_carries_state"].strategy())
-def test_split_sequence_carries_final_state(problem, backend, reach):
-    check("split_carries_state", problem, backend, reach)
+@given(problem=PROPERTIES["causal_prefix"].strategy())
+def test_causal_prefix_unchanged_by_later_tokens(problem, backend, reach):
+    check("causal_prefix", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["seq_idx_packing"].strategy())
 def test_seq_idx_packing_equals_separate_calls(problem, backend, reach):
     check("seq_idx_packing", problem, backend, reach)
+
+
+@given(problem=PROPERTIES["determinism"].strategy())
+def test_two_runs_bit_identical(problem, backend, reach):
+    check("determinism", problem, backend, reach)
+
+
+@given(problem=PROPERTIES["chunk_size_invariance"].strategy())
+def test_chunk_size_invariance(problem, backend, reach):
+    check("chunk_size_invariance", problem, backend, reach)
+
+
+@given(problem=PROPERTIES["head_permutation"].strategy())
+def test_head_permutation_within_groups(problem, backend, reach):
+    check("head_permutation", problem, backend, reach)
+
+
+@given(problem=PROPERTIES["forward_fp16_bound"].strategy())
+def test_forward_float16_inputs_within_narrow_bound(problem, backend, reach):
+    check("forward_fp16_bound", problem, backend, reach)
+
+
+@given(problem=PROPERTIES["extreme_decays_finite_and_bounded"].strategy())
+def test_extreme_decays_finite_and_bounded(problem, backend, reach):
+    check("extreme_decays_finite_and_bounded", problem, backend, reach)
+
+
+@given(problem=PROPERTIES["split_carries_state"].strategy())
+def test_split_sequence_carries_final_state(problem, backend, reach):
+    check("split_carries_state", problem, backend, reach)
 
 
 @given(problem=PROPERTIES["ragged_equals_padded"].strategy())
@@ -112,14 +107,21 @@ def test_linearity_in_x(problem, backend, reach):
     check("linearity_in_x", problem, backend, reach)
 
 
-@given(problem=PROPERTIES["head_permutation"].strategy())
-def test_head_permutation_within_groups(problem, backend, reach):
-    check("head_permutation", problem, backend, reach)
+# The reach model's cover (properties.reach.cover): a few problems that launch every class
+# reachable at the profile's caps, each run by the property of its kind, so that the suite
+# launches every class whatever the drawn examples are (none where the profile asks no reach).
+# One test each, so that pytest-xdist spreads them over its processes.
+COVER = cover(caps(), 1) if caps().reach else ()
+COVER_PROPERTY = {"forward": "forward_tf32_bound", "fwd_pass_state_alone": "fwd_pass_state_alone",
+                  "compute_out_alone": "compute_out_alone"}
 
 
-@given(problem=PROPERTIES["determinism"].strategy())
-def test_two_runs_bit_identical(problem, backend, reach):
-    check("determinism", problem, backend, reach)
+@pytest.mark.parametrize("kind, dims, options, params", COVER,
+                         ids=[f"{kind}_{i}" for i, (kind, *_) in enumerate(COVER)])
+def test_cover_problem_holds_its_property(kind, dims, options, params, backend, reach):
+    p = problem(spec_of(dims, dict(options))).replace(params=params or {})
+    with reach.recording(COVER_PROPERTY[kind]):
+        run(COVER_PROPERTY[kind], p, backend)
 
 
 def test_every_property_has_a_test():

@@ -17,10 +17,12 @@ from hypothesis import given, settings
 
 import reference as R
 from properties import mutants
+from properties import profiles
 from properties.profiles import caps
 from kernels.compute_out import compute_out_choices
 from properties.checks import compute_out_alone
-from properties.strategies import SHARED_HEADS_MIN_CHUNK, Problem, Spec, problem, specs
+from properties.strategies import (SHARED_HEADS_MIN_CHUNK, Bucket, Problem, Spec, _fixed_buckets,
+                                   problem, specs)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -160,3 +162,43 @@ def test_review_gate_runs_what_ci_runs(monkeypatch, capsys):
     assert properties_env == {"HYPOTHESIS_PROFILE": "ci"}
     out = capsys.readouterr().out
     assert "GATE FAILED: compile gate" in out and "kernel tests over the named shapes" in out
+
+
+def _bucket_of(spec: Spec) -> Bucket:
+    return Bucket(batch=spec.batch, nheads=spec.nheads, ngroups=spec.ngroups,
+                  headdim=spec.headdim, dstate=spec.dstate, chunk_size=spec.chunk_size, D=spec.D,
+                  z=spec.z, dt_mode=spec.dt_mode, dt_bias=spec.dt_bias, dt_limit=spec.dt_limit,
+                  initial_states=spec.initial_states, seq_idx=spec.segments > 1, wide=False)
+
+
+def test_bucketed_specs_repeat_their_sizes_and_options_but_not_the_rest():
+    """specs(buckets=3): every example's sizes and options are one of 3 fixed buckets (the
+    kernels' specializations repeat on the GPU), while seqlen and the values still vary."""
+    drawn = []
+
+    @settings(max_examples=60, derandomize=True, database=None)
+    @given(spec=specs(buckets=3, segments=False))
+    def collect(spec):
+        drawn.append(spec)
+    collect()
+    # seq_idx is off here (segments=False), so a one-token example keeps its bucket
+    buckets = {_bucket_of(s) for s in drawn}
+    assert len(buckets) == 3, buckets
+    assert len({s.seqlen for s in drawn}) > 5 and len({s.seed for s in drawn}) > 10
+    assert max(b.headdim * b.dstate for b in buckets) > 1  # not only the simplest problems
+    # the same buckets on every run (derandomized), computed afresh
+    kwargs = dict(segments=False, gate=None, initial_states=None, carried=False,
+                  shared_heads=False, wide=False)
+    fresh = [_fixed_buckets.__wrapped__(caps(), 3, **kwargs) for _ in range(2)]
+    assert fresh[0] == fresh[1] and set(fresh[0]) == buckets
+
+
+def test_buckets_apply_on_the_gpu_backend_only(monkeypatch):
+    monkeypatch.setenv(profiles.BACKEND_VARIABLE, "interpreter")
+    assert profiles.buckets() == 0
+    monkeypatch.setenv(profiles.BACKEND_VARIABLE, "gpu")
+    assert profiles.buckets() == caps().gpu_buckets
+    monkeypatch.setenv(profiles.BACKEND_VARIABLE, "tpu")
+    with pytest.raises(ValueError, match=profiles.BACKEND_VARIABLE):
+        profiles.buckets()
+    assert profiles.CAPS["ci"].gpu_buckets > 0 and profiles.CAPS["nightly"].gpu_buckets == 0
