@@ -891,3 +891,23 @@ def test_ssd_forward_interpreter_speed(benchmark):
                            iterations=1, warmup_rounds=1)
     assert y.shape == x.shape and np.all(np.isfinite(y))
     assert benchmark.stats.stats.median <= SPEED_TARGET_S
+
+
+@ct.kernel
+def _or_bits(words, out):
+    """Program i ORs bit i into words[0]; an index of 1 (out of bounds) does nothing."""
+    i = ct.bid(0)
+    bit = ct.astile(1, dtype=ct.int32) << i
+    old = ct.atomic_or(words, ct.where(i == 2, 1, 0), bit)
+    ct.store(out, (i,), ct.reshape(old, (1,)))
+
+
+def test_atomic_or_sets_every_programs_bit_and_skips_out_of_bounds_indices():
+    words = np.zeros(1, np.int32)
+    old = np.full(4, -1, np.int32)
+    launch((4, 1, 1), _or_bits, (words, old))
+    assert words[0] == 0b1011  # program 2's index is out of bounds: skipped
+    # each in-bounds program saw the bits of those run before it (never its own), 2 saw nothing
+    assert old[2] == 0
+    assert all(old[i] & ~0b1011 == 0 and not old[i] & (1 << i) for i in (0, 1, 3))
+    assert sorted(bin(old[i]).count("1") for i in (0, 1, 3)) == [0, 1, 2]

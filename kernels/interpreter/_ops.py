@@ -836,6 +836,40 @@ def store(array, /, index, tile, *, order="C", check_bounds=True, latency=None, 
     view[src] = values[dst]
 
 
+def atomic_or(array, indices, update, /, *, check_bounds=True,
+              memory_order=ct.MemoryOrder.ACQ_REL, memory_scope=ct.MemoryScope.DEVICE):
+    """Element-wise atomic OR of integer `update` into array[indices] (indices: a tuple of one
+    integer tile or scalar per axis, or one for a 1-d array, broadcast together with update);
+    out-of-bounds indices are skipped with check_bounds (their old value is returned as 0). The
+    programs run one at a time, so each OR is atomic; an OR's result is independent of the
+    order of programs, so the element keeps no writer (loads after it in the launch are fine)."""
+    array = _array(array, "atomic_or")
+    if not is_integral(array.dtype):
+        raise TypeError(f"atomic_or: needs an integer array, got {array.dtype}")
+    if not isinstance(indices, tuple):
+        indices = (indices,)
+    if len(indices) != array.ndim:
+        raise TypeError(f"atomic_or: {len(indices)} indices for an array of rank {array.ndim}")
+    idx = [np.asarray(i._a if isinstance(i, Tile) else i, dtype=np.int64) for i in indices]
+    values = as_storage(update, array.dtype)
+    *idx, values = np.broadcast_arrays(*idx, values)
+    inside = np.ones(values.shape, dtype=bool)
+    for i, n in zip(idx, array._a.shape):
+        inside &= (i >= 0) & (i < n)
+    if not check_bounds and not inside.all():
+        raise IndexError("atomic_or: index out of bounds with check_bounds=False")
+    shape = values.shape
+    flat_idx = [i.reshape(-1) for i in idx]
+    flat_values, flat_inside = values.reshape(-1), inside.reshape(-1)
+    old = np.zeros(flat_values.shape, dtype=array._a.dtype)
+    for k in np.flatnonzero(flat_inside):
+        at = tuple(int(i[k]) for i in flat_idx)
+        old[k] = array._a[at]
+        array._a[at] |= flat_values[k]
+    old = old.reshape(shape)
+    return Tile(old, array.dtype)
+
+
 def num_tiles(array, /, axis, shape, order="C"):
     array = _array(array, "num_tiles")
     shape = check_shape(shape, "num_tiles")
