@@ -40,9 +40,9 @@ differences place the time inside the kernel without hardware counters.
 launcher interface (e.g. a rewrite under review), right after the committed kernel's reference,
 launched without `choice=` (its own rules' choice); its outputs are compared with the reference.
 
---forward times ssd_forward itself (D, final states) with check_values=True (the default: A, D
-read on the host, a synchronisation inside the timed span) and check_values=False, the latter
-also with batch_parts=1 and 2 (the batch whole and in two slices): the GPU time behind a prefill
+--forward times ssd_forward itself (D, final states) as called by default (A, D checked by the
+kernels), with check_values=True (A, D read on the host: a synchronisation inside the timed span)
+and with check_values=False, the latter also with batch_parts=1 and 2 (the batch whole and in two slices): the GPU time behind a prefill
 (rounds whose start the GPU reached before the host had enqueued them are counted as starved:
 their medians hold host time), and the median host time of a call enqueued on an idle GPU.
 
@@ -173,6 +173,7 @@ def stand_ins(config) -> dict:
     names = ("x", "dt", "A", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
     arrays = {n: StandIn(dims.shape(n)) for n in names}
     arrays["D"] = StandIn((dims.nheads,))  # one skip weight per head, as row_inputs
+    arrays["errors"] = StandIn((1,), "int32")  # an error word (kernels.errors)
     return arrays
 
 
@@ -181,12 +182,14 @@ def launches_of(kernel: str, mod, a: dict, sm_count, choice) -> list:
     no seq_idx, no initial states, no dt_bias or softplus), with `choice=choice`."""
     if kernel == "chunk_cumsum":
         return [mod.chunk_cumsum_launch(a["dt"], a["A"], None, a["dt_out"], a["dA_cumsum"],
-                                        False, (0.0, math.inf), choice=choice)]
+                                        False, (0.0, math.inf), choice=choice,
+                                        errors=a["errors"])]
     if kernel == "fwd_pass_state":
         return list(mod.fwd_pass_state_launches(a["x"], a["B"], a["dt_out"], a["dA_cumsum"], None,
                                                 None, a["chunk_states"], a["final_states"],
                                                 sm_count, choice=choice))
-    return [mod.compute_out_launch(*compute_out_arrays(a), sm_count, choice=choice)]
+    return [mod.compute_out_launch(*compute_out_arrays(a), sm_count, choice=choice,
+                                   errors=a["errors"])]
 
 
 def compute_out_arrays(a: dict) -> tuple:
@@ -345,6 +348,7 @@ def row_arrays(name: str) -> tuple[dict, int]:
     a["chunk_states"], a["final_states"] = kernels.fwd_pass_state(a["x"], a["B"], a["dt_out"],
                                                                   a["dA_cumsum"])
     a["y"] = cupy.empty_like(a["x"])
+    a["errors"] = cupy.zeros(1, cupy.int32)  # an error word (kernels.errors): the values are good
     cupy.cuda.runtime.deviceSynchronize()
     return a, backend_of(x=a["x"]).sm_count
 
@@ -445,7 +449,7 @@ def time_forward(name, reps, flush, results):
     from benchmarks.timing import MAX_PREFILL
     config = ANCHORS[name]
     inp = row_inputs(config)
-    for check, parts in ((True, None), (False, None), (False, 1), (False, 2)):
+    for check, parts in ((None, None), (True, None), (False, None), (False, 1), (False, 2)):
         if parts is not None and parts > config[0]:
             continue
 

@@ -13,7 +13,8 @@ import cuda.tile as ct
 
 from contract import Dims, check_chunk_cumsum_args, check_dt_limit, check_vector_values
 from kernels.arrays import backend_of, check_grid, int32_indexed, needs_int64, pow2_tile
-from kernels.constants import LOG2E
+from kernels.constants import ERROR_A, ERROR_DT_BIAS, LOG2E
+from kernels.errors import check_on_host, open_word
 
 SOFTPLUS_THRESHOLD = 20.0  # softplus(v) = v above it (as mamba_ssm and the reference)
 
@@ -30,19 +31,26 @@ RULES_BLOCK_H = 16
 
 
 def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.IndexedWithInt64,
-                         dA_cumsum: ct.IndexedWithInt64,
+                         dA_cumsum: ct.IndexedWithInt64, errors,
                          CHUNK: ct.Constant[int], BLOCK_H: ct.Constant[int],
                          HAS_DT_BIAS: ct.Constant[bool], DT_SOFTPLUS: ct.Constant[bool],
                          DT_MIN: ct.Constant[float], DT_MAX: ct.Constant[float]):
-    """One program: dt_out and dA_cumsum of chunk bid(0) for heads block bid(1) of batch bid(2)."""
+    """One program: dt_out and dA_cumsum of chunk bid(0) for heads block bid(1) of batch bid(2).
+    A head whose A is not finite and < 0, or whose dt_bias is not finite, gets NaN in both, and
+    its bit (ERROR_A, ERROR_DT_BIAS) is OR-ed into errors[0]."""
     i_c = ct.bid(0)
     i_hb = ct.bid(1)
     i_b = ct.bid(2)
     seqlen = dt.shape[1]
+    real = i_hb * BLOCK_H + ct.arange(BLOCK_H, dtype=ct.int32) < A.shape[0]  # [BLOCK_H]
+    a_h = ct.load(A, (i_hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
+    # NaN and -inf fail one of the two comparisons; heads past nheads (zero padding) are fine
+    bad = ct.where((a_h < 0.0) & (a_h > -math.inf), 0, ct.where(real, ERROR_A, 0))  # [BLOCK_H]
     v = ct.load(dt, (i_b, i_c, i_hb), shape=(1, CHUNK, BLOCK_H), padding_mode=ct.PaddingMode.ZERO)
     v = ct.reshape(v, (CHUNK, BLOCK_H))  # [CHUNK, BLOCK_H]
     if HAS_DT_BIAS:
         bias = ct.load(dt_bias, (i_hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
+        bad = bad | ct.where(ct.abs(bias) < math.inf, 0, ERROR_DT_BIAS)  # NaN fails it too
         v = v + ct.reshape(bias, (1, BLOCK_H))
     if DT_SOFTPLUS:
         # log1p(e) as log(1 + e) * e / ((1 + e) - 1) (Goldberg): accurate also where 1 + e
@@ -57,15 +65,21 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.Indexed
     # the padding of a short last chunk: dt_out = 0 there, so dA_cumsum stays flat
     t = ct.reshape(i_c * CHUNK + ct.arange(CHUNK, dtype=ct.int32), (CHUNK, 1))
     v = ct.where(t < seqlen, v, 0.0)
-    a_h = ct.load(A, (i_hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
-    a_h = ct.reshape(a_h * LOG2E, (1, BLOCK_H))
-    dA = ct.cumsum(v * a_h, axis=0)  # [CHUNK, BLOCK_H]: every term <= 0
+    dA = ct.cumsum(v * ct.reshape(a_h * LOG2E, (1, BLOCK_H)), axis=0)  # [CHUNK, BLOCK_H]: <= 0
     # The GPU's parallel scan groups the additions differently for each prefix, so a term that
     # is tiny next to the running sum (or a zero of the padding) can leave a prefix one ulp above
     # the one before it (seen on the H200). The running minimum makes dA_cumsum non-increasing,
     # as the math is, and moves no entry outside the cumsum bound: it replaces a prefix by an
     # earlier, larger-in-magnitude computed prefix whose true value lies above the true one.
     dA = ct.scan(dA, 0, ct.minimum, math.inf)
+    # a bad head's values are NaN (never plausible numbers), and so is all they feed downstream
+    bad_head = ct.reshape(bad != 0, (1, BLOCK_H))
+    v = ct.where(bad_head, math.nan, v)
+    dA = ct.where(bad_head, math.nan, dA)
+    # the OR of the bits of the block's bad heads, into errors[0] only where there is one (the
+    # index 1 is out of bounds: no atomic for a good block)
+    flags = ct.max(bad & ERROR_A) | ct.max(bad & ERROR_DT_BIAS)
+    ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags)
     # stored as (batch, nheads, nchunks, chunk_size); heads past nheads are masked by the store
     ct.store(dt_out, (i_b, i_hb, i_c, 0), ct.reshape(ct.transpose(v), (1, BLOCK_H, 1, CHUNK)))
     ct.store(dA_cumsum, (i_b, i_hb, i_c, 0), ct.reshape(ct.transpose(dA), (1, BLOCK_H, 1, CHUNK)))
@@ -82,12 +96,14 @@ def rules_choice() -> Choice:
 
 
 def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit,
-                        choice: Choice | None = None):
+                        choice: Choice | None = None, *, errors=None):
     """(kernel, grid, kernel args) of _chunk_cumsum_kernel: the one place its tiles and its kernel
     object (index width) are chosen: `choice` where given (one of CHOICES, else a ValueError),
     else the rules'.
 
-    Reads only shapes, so the compile gate derives its signatures from here too.
+    Reads only shapes, so the compile gate derives its signatures from here too. `errors`: the
+    call's error word (kernels.errors), a (1,) int32 array; None only in a launch that is
+    planned, never run.
     """
     if choice is None:
         choice = rules_choice()
@@ -98,18 +114,19 @@ def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit
     block_h = pow2_tile(nheads, hi=choice.block_h)
     lo, hi = dt_limit
     grid = (nchunks, -(-nheads // block_h), batch)
-    args = (dt, A, A if dt_bias is None else dt_bias, dt_out, dA_cumsum,
+    args = (dt, A, A if dt_bias is None else dt_bias, dt_out, dA_cumsum, errors,
             chunk_size, block_h, dt_bias is not None, bool(dt_softplus), float(lo), float(hi))
     kernel = _chunk_cumsum_int64 if needs_int64(*args) else _chunk_cumsum
     return kernel, grid, args
 
 
 def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-                 *, check_values=True, choice: Choice | None = None):
+                 *, check_values=None, choice: Choice | None = None):
     """(dt_out, dA_cumsum), both (batch, nheads, nchunks, chunk_size) float32, of the caller's
     array type: dt <- clamp(softplus?(dt + dt_bias), dt_limit), zero beyond seqlen, and its
-    in-chunk cumulative decay dt * A in log2 units. `check_values=False`: as in ssd_forward.
-    `choice`: the Choice to launch (one of CHOICES) instead of the rules'."""
+    in-chunk cumulative decay dt * A in log2 units. `check_values`: as in ssd_forward (a head
+    with a bad A or dt_bias gets NaN). `choice`: the Choice to launch (one of CHOICES) instead of
+    the rules'."""
     backend = backend_of(dt=dt, A=A, dt_bias=dt_bias)
     batch, seqlen, nheads, chunk_size = check_chunk_cumsum_args(
         dt, A, chunk_size, dt_bias=dt_bias, dt_limit=dt_limit, float_dtypes=("float32",),
@@ -120,8 +137,12 @@ def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0
     dims = Dims(batch, seqlen, nheads, 1, 1, 1, chunk_size)
     dt_out = backend.empty(dims.shape("dt_out"))
     dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
-    launch = chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit, choice)
-    if check_values:  # last before the launch, as in ssd_forward
+    if choice is not None and choice not in CHOICES:
+        raise ValueError(f"choice: {choice} is not one of chunk_cumsum's CHOICES {CHOICES}")
+    if check_on_host(check_values, backend):  # last before the launch, as in ssd_forward
         check_vector_values(A, dt_bias=dt_bias)
-    backend.launch(*launch)
+    word = open_word(backend, "chunk_cumsum")
+    backend.launch(*chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus,
+                                        dt_limit, choice, errors=word.array))
+    word.close()
     return dt_out, dA_cumsum

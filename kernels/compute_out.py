@@ -10,6 +10,7 @@ measured reason of each rule: benchmarks/DECISIONS.md, under the titles named be
 from __future__ import annotations
 
 import functools
+import math
 
 from typing import NamedTuple
 
@@ -19,6 +20,8 @@ from contract import ACTIVATION_DTYPES, check_compute_out_args, check_vector_val
 from kernels import tuning_table
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, needs_int64,
                            pow2_tile)
+from kernels.constants import ERROR_D
+from kernels.errors import check_on_host, open_word
 from kernels.constants import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
 # Program layouts. "token_blocks" (_compute_out_kernel): a program per token block, looping over
@@ -78,6 +81,23 @@ def _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
     return skip
 
 
+def _checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors):
+    """_head_D's skip weights and whether each is finite (NaN fails the comparison too); where
+    one is not, ERROR_D is OR-ed into errors[0] (only by a program that has one: index 1 is out
+    of bounds)."""
+    skip = _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM)
+    finite = ct.abs(skip) < math.inf
+    flags = ct.max(ct.where(finite, 0, ERROR_D))
+    ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags)
+    return skip, finite
+
+
+def _skipped(acc, skip, finite, x_t):
+    """acc + D x_t, [BLOCK_P, BLOCK_T] (x_t transposed, float32): NaN in the rows of a D that is
+    not finite (never a plausible number: inf x 0 would be NaN, inf x 1 inf)."""
+    return ct.where(finite, acc + skip * x_t, math.nan)
+
+
 def _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P):
     """y^T [BLOCK_P, BLOCK_T] of head i_h's token block i_t times its gate z * sigmoid(z)."""
     zt = ct.load(z, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
@@ -91,7 +111,7 @@ def _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P):
 def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.IndexedWithInt64,
                         dt_out: ct.IndexedWithInt64, dA_cumsum: ct.IndexedWithInt64,
                         chunk_states: ct.IndexedWithInt64, D, z: ct.IndexedWithInt64,
-                        seg: ct.IndexedWithInt64, y: ct.IndexedWithInt64,
+                        seg: ct.IndexedWithInt64, y: ct.IndexedWithInt64, errors,
                         CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
                         BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
                         HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
@@ -109,6 +129,12 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     i_c = i_t // T_PER_CHUNK
     i_tc = i_t % T_PER_CHUNK  # the token block's position in its chunk
     i_g = i_hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
+    # each head's skip weights and whether they are finite, read first: the error word's atomic
+    # placed after the products made tileiras 13.4 crash (sm_90, 128-token blocks)
+    skips = ()
+    for i_k in ct.static_iter(range(HEADS)):
+        if HAS_D:
+            skips += (_checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors),)
 
     # Each head accumulates y^T, [BLOCK_P, BLOCK_T]: its products take the state, B_s or x
     # (transposed) as their first operand and C^T, or the computed (C B^T o L)^T, as second
@@ -186,8 +212,8 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         if HAS_D:
             xt = ct.load(x, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
                          padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-            acc = acc + _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM) * ct.transpose(
-                ct.reshape(xt, (BLOCK_T, BLOCK_P)))
+            acc = _skipped(acc, skips[i_k][0], skips[i_k][1],
+                           ct.transpose(ct.reshape(xt, (BLOCK_T, BLOCK_P))))
         if HAS_Z:
             acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
         # rows past seqlen and columns past headdim are masked by the store; y has x's dtype
@@ -199,7 +225,7 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
 def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                               C: ct.IndexedWithInt64, dt_out: ct.IndexedWithInt64,
                               dA_cumsum: ct.IndexedWithInt64, chunk_states: ct.IndexedWithInt64,
-                              D, z: ct.IndexedWithInt64, y: ct.IndexedWithInt64,
+                              D, z: ct.IndexedWithInt64, y: ct.IndexedWithInt64, errors,
                               CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
                               BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
                               HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
@@ -234,6 +260,10 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                     shape=(1, 1, 1, BLOCK_P, DSTATE), padding_mode=ct.PaddingMode.ZERO)
         states += (ct.reshape(S, (BLOCK_P, DSTATE)),)
         a_befores += (ct.zeros((1, 1), dtype=ct.float32),)  # [1, 1]
+    skips = ()  # each head's skip weights and whether they are finite, read once per program
+    for i_k in ct.static_iter(range(HEADS)):
+        if HAS_D:
+            skips += (_checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors),)
     rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
     causal = rows <= cols  # causal: s <= t
@@ -272,7 +302,7 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             W = (cbT * LT * dt_s).astype(ct.tfloat32)  # [s, t]
             acc = ct.mma(xsT.astype(ct.tfloat32), W, acc)
             if HAS_D:  # the block's x is x_t: the skip term reads no more
-                acc = acc + _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM) * xsT
+                acc = _skipped(acc, skips[i_k][0], skips[i_k][1], xsT)
             if HAS_Z:
                 acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
             # rows past seqlen and columns past headdim are masked by the store
@@ -424,7 +454,7 @@ def rules_choice(x, B, dt_out, seg, int64: bool, sm_count) -> Choice:
 
 
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count,
-                       tuned=None, choice: Choice | None = None):
+                       tuned=None, choice: Choice | None = None, *, errors=None):
     """(kernel, grid, kernel args) of compute_out: the one place its program layout, its tiles,
     its heads per program and its kernel object (index width, occupancy hint) are chosen.
 
@@ -433,7 +463,8 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
     seqlen) int32 segment ids, or None; `sm_count`: the device's SMs. The choice is `choice`
     where given, else the device's tuned choice for this signature where `tuned` (a mapping,
     kernels.tuning_table.table) has one, else the rules' (rules_choice); a given or tuned choice
-    must be one of compute_out_choices.
+    must be one of compute_out_choices. `errors`: the call's error word (kernels.errors), a (1,)
+    int32 array; None only in a launch that is planned, never run.
     """
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
     options = (D is not None, D is not None and len(D.shape) == 2, z is not None)
@@ -453,19 +484,21 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
     kernel = _KERNELS[choice.layout, int64, choice.occupancy]
     tiles = (chunk_size, block_t, block_p, dstate_tile, choice.heads)
     if choice.layout == "whole_chunks":
-        args, tokens = (*arrays, y, *tiles, *options), chunk_size
+        args, tokens = (*arrays, y, errors, *tiles, *options), chunk_size
     else:
-        args = (*arrays, dt_out if seg is None else seg, y, *tiles, *options, seg is not None)
+        args = (*arrays, dt_out if seg is None else seg, y, errors, *tiles, *options,
+                seg is not None)
         tokens = block_t
     grid = (-(-seqlen // tokens) * -(-headdim // block_p), nheads // choice.heads, batch)
     return kernel, grid, args
 
 
 def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_idx=None, *,
-                check_values=True, choice: Choice | None = None):
+                check_values=None, choice: Choice | None = None):
     """y, (batch, seqlen, nheads, headdim) in x's dtype, of the caller's array type:
     carried-state term + (C B^T o L)(dt x) + D x, then the z gate. x, B, C, z: float32, bfloat16
-    or float16, all alike; the rest float32. `check_values=False`: as in ssd_forward.
+    or float16, all alike; the rest float32. `check_values`: as in ssd_forward (a channel with a
+    D that is not finite gets NaN).
     `choice`: the Choice to launch (one of compute_out_choices for these arrays, else a
     ValueError before any launch) instead of the device's tuned one or the rules'."""
     backend = backend_of(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum,
@@ -480,9 +513,11 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     D, z = backend.contiguous_float32(D), backend.contiguous(z)
     seg = backend.segment_ids(seq_idx)
     y = backend.empty(dims.shape("y"), like=x)
-    launch = compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y,
-                                backend.sm_count, tuning_table.table(backend), choice)
-    if check_values and D is not None:  # last before the launch, as in ssd_forward
+    if check_on_host(check_values, backend) and D is not None:
         check_vector_values(D=D)
-    backend.launch(*launch)
+    word = open_word(backend, "compute_out")  # a word left unused by a bad choice stays clear
+    backend.launch(*compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y,
+                                       backend.sm_count, tuning_table.table(backend), choice,
+                                       errors=word.array))
+    word.close()
     return y

@@ -1,3 +1,10 @@
 """Numeric constants the kernels share."""
 
 LOG2E = 1.4426950408889634  # log2(e): dA_cumsum is in log2 units, later exponentials are exp2
+
+# The bits of a call's error word (kernels/errors.py): the kernels that read A, dt_bias and D
+# set them where a value is bad (A not finite and < 0, dt_bias or D not finite), and write NaN
+# to every output the value feeds.
+ERROR_A = 1
+ERROR_DT_BIAS = 2
+ERROR_D = 4

@@ -10,7 +10,7 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values
-from kernels import tuning_table
+from kernels import errors, tuning_table
 from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
@@ -31,7 +31,8 @@ SPLIT_MIN_WAVES = 2
 @dataclass(frozen=True)
 class ForwardArrays:
     """One forward's arrays (checked, contiguous, outputs allocated) and options, as the launchers
-    take them: `seg` is the (batch, seqlen) int32 segment ids of seq_idx, or None."""
+    take them: `seg` is the (batch, seqlen) int32 segment ids of seq_idx, or None; `errors` the
+    call's error word (kernels.errors), None in a plan that is never run."""
     x: Any
     dt: Any
     A: Any
@@ -49,6 +50,7 @@ class ForwardArrays:
     chunk_states: Any
     final_states: Any
     y: Any
+    errors: Any = None
 
     # every array but A, D and dt_bias is batch-first and C-contiguous
     BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "seg", "dt_out", "dA_cumsum",
@@ -99,35 +101,67 @@ _NARROW = ("x", "B", "C", "z", "y")
 
 def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                 seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-                return_final_states=False, *, check_values=True, batch_parts=None):
+                return_final_states=False, *, check_values=None, batch_parts=None):
     """y (batch, seqlen, nheads, headdim), or (y, final_states) with return_final_states;
     arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the GPU, on the
     current stream). x, B, C, z: float32, bfloat16 or float16, all four alike (read in that
     dtype, computed in float32); y has x's dtype; every other input is taken as float32, and
     final_states is float32.
 
-    Every argument is checked before the first launch; then the three kernels run in order
-    (forward_launches); on the GPU, for large even batches, for each of two batch slices, the
-    second slice on a side stream forked from and joined into the current one (BATCH_PARTS;
-    results bit-identical to the whole batch's). `batch_parts` (keyword only): run the batch as
-    that many slices (at most one per element) instead of the rule's count; 1 never splits.
-    Checking the values of A, D and dt_bias (A < 0, all finite) copies them to the host: a
-    synchronisation per call, which waits for the work already queued on the GPU.
-    It comes last, after the shape checks, the allocations and the launch arguments, so that the
-    GPU idles only for the host's launch of the first kernel after it. `check_values=False`
-    (keyword only) leaves that check out, for CUDA graph capture and timing loops whose vectors
-    were checked once before; bad values are then the caller's responsibility (shapes and dtypes
-    are still checked).
+    Every argument's shape, dtype and device is checked before the first launch; then the three
+    kernels run in order (forward_launches); on the GPU, for large even batches, for each of two
+    batch slices, the second slice on a side stream forked from and joined into the current one
+    (BATCH_PARTS; results bit-identical to the whole batch's). `batch_parts` (keyword only): run
+    the batch as that many slices (at most one per element) instead of the rule's count; 1 never
+    splits.
+
+    The values of A, D and dt_bias (A < 0, all finite) are checked by the kernels that read
+    them (kernels.errors): a bad value makes every output it feeds NaN and is raised as a
+    ValueError naming the argument by the first later call that sees it without waiting (or by
+    kernels.raise_pending_errors(), which waits). So on the GPU a call neither synchronises nor
+    copies to the host. `check_values=True` (keyword only) checks them on the host before the
+    launch instead, raising at once: on the GPU a synchronisation per call, for debugging. The
+    default, None, is True for NumPy inputs (the interpreter: no synchronisation to save) and
+    False on the GPU; False on NumPy defers the error as on the GPU.
     """
+    if check_values not in (None, True, False):
+        raise TypeError(f"check_values: must be None, True or False, got {check_values!r}")
+    _check_batch_parts(batch_parts)
+    given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+    if (all(a is None or type(a).__module__.partition(".")[0] == "torch" for a in given)
+            and isinstance(chunk_size, int) and len(tuple(dt_limit)) == 2):
+        # torch tensors: one node of a torch.compile graph (kernels/torch_op.py), which runs
+        # run_forward; anything else runs it directly (and is refused there, by name)
+        from kernels import torch_op
+        y, final_states = torch_op.ssd_forward(
+            run_forward, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+            dt_softplus, dt_limit, check_values, batch_parts)
+    else:
+        y, final_states = run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                                      seq_idx, dt_softplus, dt_limit, check_values, batch_parts)
+    return (y, final_states) if return_final_states else y
+
+
+def run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                dt_softplus, dt_limit, check_values, batch_parts):
+    """(y, final_states): ssd_forward's work for any array kind."""
     backend, parts, y, final_states = prepare_forward(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
         batch_parts)
     table = tuning_table.table(backend)
-    plan = [forward_launches(*part, tuned=table) for part in parts]
-    if check_values:
+    if errors.check_on_host(check_values, backend):
         check_vector_values(A, D=D, dt_bias=dt_bias)
+    word = errors.open_word(backend, "ssd_forward")
+    plan = [forward_launches(dataclasses.replace(arrays, errors=word.array), sm_count,
+                             tuned=table) for arrays, sm_count in parts]
     backend.launch_parts(plan)
-    return (y, final_states) if return_final_states else y
+    word.close()
+    return y, final_states
+
+
+def _check_batch_parts(batch_parts):
+    if batch_parts is not None and not (isinstance(batch_parts, int) and batch_parts >= 1):
+        raise ValueError(f"batch_parts: must be a positive int or None, got {batch_parts!r}")
 
 
 def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
@@ -135,8 +169,7 @@ def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
     """(backend, [ForwardPart], y, final_states): ssd_forward's arguments checked (all but the
     values of A, D and dt_bias), made contiguous, its outputs allocated, the batch sliced
     (`batch_parts` slices, or rules_batch_parts' count where None)."""
-    if batch_parts is not None and not (isinstance(batch_parts, int) and batch_parts >= 1):
-        raise ValueError(f"batch_parts: must be a positive int or None, got {batch_parts!r}")
+    _check_batch_parts(batch_parts)
     backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
@@ -197,8 +230,8 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None) -> list[tuple]
     a = arrays
     return [
         chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
-                            a.dt_limit),
+                            a.dt_limit, errors=a.errors),
         *fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,
                                  a.chunk_states, a.final_states, sm_count),
-        compute_out_launch(*a.compute_out_arrays(), sm_count, tuned),
+        compute_out_launch(*a.compute_out_arrays(), sm_count, tuned, errors=a.errors),
     ]

@@ -16,10 +16,12 @@ The interpreter (NumPy arrays) never uses a tuned choice. Latency hints are not 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from contract import check_vector_values
 from kernels.arrays import backend_of
+from kernels.errors import scratch_word
 from kernels.compute_out import (Choice, compute_out_choices, compute_out_launch,
                                  compute_out_signature)
 from kernels.ssd_forward import ForwardPart, forward_launches, prepare_forward
@@ -62,7 +64,9 @@ def tune_parts(backend, key: str, parts: list[ForwardPart], search_fn) -> dict:
     results = {}
     with backend.on_device():
         stream = backend.current_stream()
+        word = scratch_word(backend)  # the values were checked on the host
         for part in parts:
+            part = part._replace(arrays=dataclasses.replace(part.arrays, errors=word))
             for kernel, grid, args in forward_launches(*part)[:-1]:
                 backend.launch(kernel, grid, args)
             arrays = part.arrays.compute_out_arrays()
@@ -70,7 +74,7 @@ def tune_parts(backend, key: str, parts: list[ForwardPart], search_fn) -> dict:
             if signature in results:
                 continue
             result = search_fn(stream, lambda c, arrays=arrays, part=part: compute_out_launch(
-                *arrays, part.sm_count, choice=c), compute_out_choices(*arrays))
+                *arrays, part.sm_count, choice=c, errors=word), compute_out_choices(*arrays))
             record(key, signature, result.best.config)
             results[signature] = result
     return results

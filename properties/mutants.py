@@ -55,7 +55,7 @@ CATALOGUE = [
            "ct.exp2(ct.minimum(a_ts[0] - a_s, 0.0))",
            "a program's heads all take the first head's in-chunk decay (heads per program)"),
     Mutant("log2e_scale_missing", "kernels/chunk_cumsum.py",
-           "a_h = ct.reshape(a_h * LOG2E, (1, BLOCK_H))", "a_h = ct.reshape(a_h, (1, BLOCK_H))",
+           "v * ct.reshape(a_h * LOG2E, (1, BLOCK_H))", "v * ct.reshape(a_h, (1, BLOCK_H))",
            "dA_cumsum left in natural-log units while every consumer uses exp2"),
     Mutant("chunk_boundary_off_by_one", "kernels/fwd_pass_state.py",
            "ct.load(dA_cumsum, (i_b, i_h, i_c, CHUNK - 1), shape=(1, 1, 1, 1))",

@@ -175,7 +175,7 @@ def _arrays(d: Dims, opts: dict) -> ForwardArrays:
         s("initial_states") if opts.get("initial_states") else None,
         s("seq_idx", "int32") if opts.get("seq_idx") else None,
         opts.get("softplus", False), opts.get("dt_limit", (0.0, math.inf)), s("dt_out"),
-        s("dA_cumsum"), s("chunk_states"), s("final_states"), s("y"))
+        s("dA_cumsum"), s("chunk_states"), s("final_states"), s("y"), _Stand((1,), "int32"))
 
 
 def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) -> list:
@@ -196,7 +196,8 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
     choices = compute_out_choices(*a.compute_out_arrays())
     if params is not None:
         choices = compute_out_alone_choices(choices, params)
-    return [compute_out_launch(*a.compute_out_arrays(), sm_count, choice=c) for c in choices]
+    return [compute_out_launch(*a.compute_out_arrays(), sm_count, choice=c, errors=a.errors)
+            for c in choices]
 
 
 def launches(d: Dims, opts: dict, sm_count: int):

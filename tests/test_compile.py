@@ -114,7 +114,8 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True):
         a("initial_states") if optional["initial_states"] else None,
         ArraySpec(dims.shape("seq_idx"), "int32") if optional["seq_idx"] else None,
         opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
-        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"))
+        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"),
+        ArraySpec((1,), "int32"))  # the error word (kernels.errors)
     parts = rules_batch_parts(dims, "cupy", ITEMSIZE[dtype], sm_count,
                               [name for name, on in optional.items() if on]) if split else 1
     plans = forward_plan(arrays, sm_count, 1) + (

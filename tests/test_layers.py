@@ -16,7 +16,7 @@ from pathlib import Path
 LAYERS = {  # bottom to top; "x.*" means the submodules of x (not x itself)
     # the input contract, shared constants, array backends, the tuning table, the CPU interpreter
     0: ("contract", "kernels.constants", "kernels.arrays", "kernels.tuning_table",
-        "kernels.interpreter", "kernels.interpreter.*"),
+        "kernels.errors", "kernels.torch_op", "kernels.interpreter", "kernels.interpreter.*"),
     # the float64 references, and the three kernels with their launchers (PEERS)
     1: ("reference", "reference.*", "kernels.chunk_cumsum", "kernels.fwd_pass_state",
         "kernels.compute_out"),
@@ -166,7 +166,8 @@ def test_checker_on_synthetic_trees(tmp_path):
 
     good = {"contract.py": "import numpy\n", "kernels/__init__.py": "from kernels import tuning\n",
             "kernels/arrays.py": "from contract import x\n", "kernels/constants.py": "",
-            "kernels/tuning_table.py": "", "kernels/interpreter/_ops.py": "from .. import arrays\n",
+            "kernels/tuning_table.py": "", "kernels/errors.py": "", "kernels/torch_op.py": "",
+            "kernels/interpreter/_ops.py": "from .. import arrays\n",
             "kernels/interpreter/__init__.py": "from . import _ops\n",
             "kernels/tuning.py": "def f():\n    from .ssd_forward import g\n",
             "kernels/ssd_forward.py": "from kernels import chunk_cumsum, fwd_pass_state\n",

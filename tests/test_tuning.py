@@ -101,7 +101,8 @@ def test_every_choice_matches_the_reference(request):
     assert len(choices) == 14
     for choice in choices:
         y = np.full_like(inputs["x"], np.nan)
-        kernel, grid, args = compute_out_launch(*arrays, None, y, H200_SMS, choice=choice)
+        kernel, grid, args = compute_out_launch(*arrays, None, y, H200_SMS, choice=choice,
+                                                errors=np.zeros(1, np.int32))
         assert kernel is _KERNELS[choice.layout, False, choice.occupancy]
         assert launch_arg(kernel, args, "HEADS") == choice.heads
         interpreter.launch(grid, kernel, args)
@@ -286,8 +287,9 @@ def test_search_hands_exhaustive_search_grid_kernel_and_args(monkeypatch):
 
     monkeypatch.setattr(cuda.tile.tune, "exhaustive_search", exhaustive_search)
     choices = compute_out_choices(*arrays, None, y)
-    result = tuning.search(None, lambda c: compute_out_launch(*arrays, None, y, 1, choice=c),
-                           choices)
+    word = np.zeros(1, np.int32)  # an error word (kernels.errors)
+    result = tuning.search(None, lambda c: compute_out_launch(*arrays, None, y, 1, choice=c,
+                                                              errors=word), choices)
     assert ran == choices and result.best.config == choices[len(choices) // 2]
 
 

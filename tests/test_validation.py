@@ -221,5 +221,5 @@ def test_mixed_cupy_and_torch_refused(kw):
 
 def test_public_names():
     assert set(kernels.__all__) == {"ssd_forward", "tune_forward", "chunk_cumsum", "fwd_pass_state",
-                                    "compute_out"}
+                                    "compute_out", "raise_pending_errors"}
     assert math.isinf(ssd_forward.__defaults__[-2][1])  # dt_limit defaults to (0, inf)

@@ -1,0 +1,167 @@
+"""Bad values found on the device, reported without a synchronisation.
+
+A, D and dt_bias are read by the kernels, not by the host: where a value is bad (A not finite
+and < 0, D or dt_bias not finite) the kernel that reads it writes NaN to every output it feeds
+and ORs the argument's bit (kernels.constants.ERROR_*) into the call's *error word*. Each call
+takes the next word of a ring per device (`SLOTS` int32 words on the device and their pinned
+host copy, allocated once): the word is zeroed on the caller's stream before the kernels and
+copied to the host after them, both asynchronously. The host reads the pinned copies when it
+can see them without waiting: at the start of every later call (`raise_pending`, before
+anything is launched), or in `raise_pending_errors()`, which waits for the devices first. A bad
+value is raised there as the ValueError naming the argument, with the call it came from; the
+word is then cleared, so later good calls are not blamed.
+
+On the CPU interpreter (NumPy arrays) the words are host memory and the kernels run before the
+call returns: `check_values=False` defers the error as on the GPU; the default checks on the
+host at once (it costs no synchronisation there).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.constants import ERROR_A, ERROR_D, ERROR_DT_BIAS
+
+SLOTS = 1024
+# int32 words from one slot to the next: each word starts 16-byte aligned, as every array
+# ct.launch is given (it specializes kernels on the alignment)
+STRIDE = 4
+
+MESSAGES = {ERROR_A: "A must be finite and < 0 for every head",
+            ERROR_DT_BIAS: "dt_bias must be finite", ERROR_D: "D must be finite"}
+
+
+def describe(bits: int) -> list[str]:
+    """The messages of the bits set in an error word."""
+    return [text for bit, text in MESSAGES.items() if bits & bit]
+
+
+class _Ring:
+    """The error words of one (array kind, device): device words, their host copies, and which
+    call each word belongs to."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.calls: list[str | None] = [None] * SLOTS
+        self.next = 0
+        if backend.kind == "numpy":
+            self.words = self.host = np.zeros(SLOTS * STRIDE, dtype=np.int32)
+            return
+        import cupy
+        with backend.on_device():
+            self._pinned = cupy.cuda.alloc_pinned_memory(SLOTS * STRIDE * 4)
+            self.host = np.frombuffer(self._pinned, dtype=np.int32, count=SLOTS * STRIDE)
+            self.host[:] = 0
+            # each word is zeroed on the caller's stream when a call takes it
+            if backend.kind == "torch":
+                import torch
+                self.words = torch.empty(SLOTS * STRIDE, dtype=torch.int32,
+                                         device=f"cuda:{backend.device}")
+                self._words_ptr = self.words.data_ptr()
+            else:
+                self.words = cupy.empty(SLOTS * STRIDE, dtype=cupy.int32)
+                self._words_ptr = self.words.data.ptr
+
+    def take(self, call: str) -> Word:
+        slot = self.next
+        self.next = (slot + 1) % SLOTS
+        self.calls[slot] = call
+        at = slot * STRIDE
+        self.host[at] = 0
+        if self.backend.kind != "numpy":
+            import cupy
+            cupy.cuda.runtime.memsetAsync(self._words_ptr + 4 * at, 0, 4, self._stream())
+        return Word(self, slot, self.words[at:at + 1])
+
+    def _stream(self) -> int:
+        stream = self.backend.current_stream()
+        return stream.cuda_stream if self.backend.kind == "torch" else stream.ptr
+
+    def copy_to_host(self, slot: int):
+        if self.backend.kind != "numpy":
+            import cupy
+            runtime = cupy.cuda.runtime
+            at = 4 * slot * STRIDE
+            runtime.memcpyAsync(self._pinned.ptr + at, self._words_ptr + at, 4,
+                                runtime.memcpyDeviceToHost, self._stream())
+
+    def pending(self) -> list[tuple[str, int]]:
+        """(call, bits) of every word whose host copy shows an error, each cleared."""
+        found = []
+        for at in np.flatnonzero(self.host):
+            found.append((self.calls[int(at) // STRIDE] or "an earlier call", int(self.host[at])))
+            self.host[at] = 0
+        return found
+
+
+@dataclass(frozen=True)
+class Word:
+    """A call's error word: `array` (the kernels' (1,) int32 argument) and its slot."""
+    ring: _Ring
+    slot: int
+    array: object
+
+    def close(self):
+        """After the call's kernels: the word's copy to the host, on the caller's stream."""
+        self.ring.copy_to_host(self.slot)
+
+
+_RINGS: dict[tuple[str, int | None], _Ring] = {}
+_LOCK = threading.Lock()
+_COUNT = itertools.count(1)
+
+
+def scratch_word(backend):
+    """A zeroed error word of the backend's kind that no call reports: for launches whose
+    values were checked on the host (kernels.tuning's timed runs)."""
+    if backend.kind == "torch":
+        import torch
+        return torch.zeros(1, dtype=torch.int32, device=f"cuda:{backend.device}")
+    with backend.on_device():
+        return backend.xp.zeros(1, dtype=backend.xp.int32)
+
+
+def check_on_host(check_values, backend) -> bool:
+    """Whether a call checks the values of A, D and dt_bias on the host before its launch: its
+    `check_values`, where None means on NumPy inputs only (no synchronisation to save there)."""
+    if check_values is None:
+        return backend.kind == "numpy"
+    if not isinstance(check_values, bool):
+        raise TypeError(f"check_values: must be None, True or False, got {check_values!r}")
+    return check_values
+
+
+def open_word(backend, call: str) -> Word:
+    """The next error word of the backend's ring, zeroed on the current stream, for a call of
+    `call` (a function name): raises first what earlier calls on this backend left pending."""
+    with _LOCK:
+        ring = _RINGS.get((backend.kind, backend.device))
+        if ring is None:
+            ring = _RINGS[backend.kind, backend.device] = _Ring(backend)
+        _raise(ring.pending())
+        return ring.take(f"{call} (call #{next(_COUNT)})")
+
+
+def raise_pending_errors():
+    """Wait for every device a call ran on, then raise the ValueError of any bad value the
+    kernels found (naming the argument and the call), if any."""
+    with _LOCK:
+        rings = list(_RINGS.values())
+    for ring in rings:
+        if ring.backend.kind != "numpy":
+            import cupy
+            with ring.backend.on_device():
+                cupy.cuda.runtime.deviceSynchronize()
+    with _LOCK:
+        _raise([found for ring in rings for found in ring.pending()])
+
+
+def _raise(found: list[tuple[str, int]]):
+    if found:
+        parts = [f"{'; '.join(describe(bits))} (found on the device by {call}, whose outputs "
+                 f"it fed are NaN)" for call, bits in found]
+        raise ValueError("; ".join(parts))
