@@ -21,8 +21,8 @@ from kernels import tuning_table
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, needs_int64,
                            pow2_tile)
 from kernels.constants import ERROR_D
-from kernels.errors import check_on_host, open_word
 from kernels.constants import LOG2E  # the z gate's sigmoid is taken with exp2 too
+from kernels.errors import check_on_host, open_word
 
 # Program layouts. "token_blocks" (_compute_out_kernel): a program per token block, looping over
 # the chunk's earlier token blocks (flash-attention-like), so a chunk x chunk matrix never
@@ -129,8 +129,8 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     i_c = i_t // T_PER_CHUNK
     i_tc = i_t % T_PER_CHUNK  # the token block's position in its chunk
     i_g = i_hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
-    # each head's skip weights and whether they are finite, read first: the error word's atomic
-    # placed after the products made tileiras 13.4 crash (sm_90, 128-token blocks)
+    # each head's skip weights and whether they are finite, read first: with the error word's
+    # atomic after the products, tileiras 13.4 crashes (sm_90, 128-token blocks)
     skips = ()
     for i_k in ct.static_iter(range(HEADS)):
         if HAS_D:
