@@ -42,9 +42,10 @@ launched without `choice=` (its own rules' choice); its outputs are compared wit
 
 --forward times ssd_forward itself (D, final states) as called by default (A, D checked by the
 kernels), with check_values=True (A, D read on the host: a synchronisation inside the timed span)
-and with check_values=False, the latter also with batch_parts=1 and 2 (the batch whole and in two slices): the GPU time behind a prefill
-(rounds whose start the GPU reached before the host had enqueued them are counted as starved:
-their medians hold host time), and the median host time of a call enqueued on an idle GPU.
+and with check_values=False, the latter also with batch_parts=1 and 2 (the batch whole and in
+two slices): the GPU time behind a prefill (rounds whose start the GPU reached before the host
+had enqueued them are counted as starved: their medians hold host time), and the median host
+time of a call enqueued on an idle GPU.
 
 --tune runs kernels.tune_forward on each row (D on, float32) and prints every compute_out choice
 with its mean time as cuda.tile.tune measured it, the fastest marked `best`, the rules' `rules`.

@@ -6,7 +6,7 @@ and ORs the argument's bit (kernels.constants.ERROR_*) into the call's *error wo
 takes the next word of a ring per device (`SLOTS` int32 words on the device and their pinned
 host copy, allocated once): the word is zeroed on the caller's stream before the kernels and
 copied to the host after them, both asynchronously. The host reads the pinned copies when it
-can see them without waiting: at the start of every later call (`raise_pending`, before
+can see them without waiting: at the start of every later call (`open_word`, before
 anything is launched), or in `raise_pending_errors()`, which waits for the devices first. A bad
 value is raised there as the ValueError naming the argument, with the call it came from; the
 word is then cleared, so later good calls are not blamed.
@@ -125,13 +125,18 @@ def scratch_word(backend):
         return backend.xp.zeros(1, dtype=backend.xp.int32)
 
 
+def check_flag(check_values):
+    """A call's `check_values`, refused unless None, True or False."""
+    if check_values is not None and not isinstance(check_values, bool):
+        raise TypeError(f"check_values: must be None, True or False, got {check_values!r}")
+    return check_values
+
+
 def check_on_host(check_values, backend) -> bool:
     """Whether a call checks the values of A, D and dt_bias on the host before its launch: its
     `check_values`, where None means on NumPy inputs only (no synchronisation to save there)."""
-    if check_values is None:
+    if check_flag(check_values) is None:
         return backend.kind == "numpy"
-    if not isinstance(check_values, bool):
-        raise TypeError(f"check_values: must be None, True or False, got {check_values!r}")
     return check_values
 
 

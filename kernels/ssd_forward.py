@@ -124,12 +124,12 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     default, None, is True for NumPy inputs (the interpreter: no synchronisation to save) and
     False on the GPU; False on NumPy defers the error as on the GPU.
     """
-    if check_values not in (None, True, False):
-        raise TypeError(f"check_values: must be None, True or False, got {check_values!r}")
+    errors.check_flag(check_values)
     _check_batch_parts(batch_parts)
+    dt_limit = check_dt_limit(dt_limit)
     given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
     if (all(a is None or type(a).__module__.partition(".")[0] == "torch" for a in given)
-            and isinstance(chunk_size, int) and len(tuple(dt_limit)) == 2):
+            and isinstance(chunk_size, int)):
         # torch tensors: one node of a torch.compile graph (kernels/torch_op.py), which runs
         # run_forward; anything else runs it directly (and is refused there, by name)
         from kernels import torch_op

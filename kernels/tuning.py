@@ -21,9 +21,9 @@ import math
 
 from contract import check_vector_values
 from kernels.arrays import backend_of
-from kernels.errors import scratch_word
 from kernels.compute_out import (Choice, compute_out_choices, compute_out_launch,
                                  compute_out_signature)
+from kernels.errors import scratch_word
 from kernels.ssd_forward import ForwardPart, forward_launches, prepare_forward
 from kernels.tuning_table import device_key, record
 

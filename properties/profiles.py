@@ -56,7 +56,7 @@ class Caps:
 # (128); dstate past 128 also halves compute_out's token block
 WIDE = dict(wide_nheads=RULES_BLOCK_H + 4, wide_headdim=2 * MAX_BLOCK_P + 17,
             wide_dstate=RULES_BLOCK_N + 17, wide_seqlen=80, wide_cost=80 * 4 * 64 * 128)
-# buckets per strategy on the GPU: benchmarks/DECISIONS.md, "property suite: GPU buckets"
+# buckets per strategy on the GPU: benchmarks/DECISIONS.md, "Property suite: GPU buckets"
 GPU_BUCKETS = 2
 CAPS = {
     "dev": Caps(batch=2, seqlen=200, nheads=4, headdim=32, dstate=32),
