@@ -129,15 +129,17 @@ class Backend:
         return _sm_count(self.kind, self.device)
 
     def launch(self, kernel, grid: tuple[int, int, int], args: tuple, stream=None):
-        """Run `kernel` over `grid`: on the interpreter for NumPy, else on `stream` (default: the
-        current stream)."""
+        """Run `kernel` over `grid`: on the interpreter for NumPy, else on `stream`, on which the
+        caller has made the arrays' device current (launch_parts), or, where None, on the
+        current stream of the arrays' device."""
         if self.kind == "numpy":
             from kernels import interpreter
             interpreter.launch(grid, kernel, args)
+        elif stream is not None:
+            ct.launch(stream, grid, kernel, args)
         else:
             with self.on_device():
-                ct.launch(self.current_stream() if stream is None else stream, grid, kernel,
-                          args)
+                ct.launch(self.current_stream(), grid, kernel, args)
 
     def on_device(self):
         """A context in which the arrays' device is the current one (none for the
@@ -160,28 +162,32 @@ class Backend:
             return torch.cuda.current_stream()
         return None
 
-    def launch_parts(self, parts: list[list[tuple]]):
+    def launch_parts(self, parts: list[list[tuple]], stream=None):
         """Run independent lists of launches [(kernel, grid, args)], each in its order: the first
-        on the current stream, each other on a side stream (_side_stream) that starts after the
-        work already queued on the current stream and that the current stream then waits for,
+        on `stream` (default: the current stream), each other on a side stream (_side_stream)
+        that starts after the work already queued on that stream and that it then waits for,
         so that to the caller the whole runs on its stream (CUDA graph capture included). The
         lists' kernels may overlap on the GPU. The interpreter runs the lists one after another.
         """
-        if self.kind == "numpy" or len(parts) == 1:
+        if self.kind == "numpy":
             for launches in parts:
                 for kernel, grid, args in launches:
                     self.launch(kernel, grid, args)
             return
-        if self.kind == "cupy":
-            import cupy
-            event = lambda: cupy.cuda.Event(disable_timing=True)  # noqa: E731
-            handle = lambda stream: stream.ptr  # noqa: E731
-        else:
-            import torch
-            event = lambda: torch.cuda.Event()  # noqa: E731
-            handle = lambda stream: stream.cuda_stream  # noqa: E731
         with self.on_device():
-            main = self.current_stream()
+            main = self.current_stream() if stream is None else stream
+            if len(parts) == 1:
+                for kernel, grid, args in parts[0]:
+                    self.launch(kernel, grid, args, main)
+                return
+            if self.kind == "cupy":
+                import cupy
+                event = lambda: cupy.cuda.Event(disable_timing=True)  # noqa: E731
+                handle = lambda stream: stream.ptr  # noqa: E731
+            else:
+                import torch
+                event = lambda: torch.cuda.Event()  # noqa: E731
+                handle = lambda stream: stream.cuda_stream  # noqa: E731
             fork = event()
             fork.record(main)
             joins = []

@@ -41,60 +41,65 @@ def describe(bits: int) -> list[str]:
 
 
 class _Ring:
-    """The error words of one (array kind, device): device words, their host copies, and which
-    call each word belongs to."""
+    """The error words of one (array kind, device): device words, their host copies (one int32
+    a slot), the (1,) view of each word the kernels take, and which call each word belongs to."""
 
     def __init__(self, backend):
         self.backend = backend
-        self.calls: list[str | None] = [None] * SLOTS
+        self.calls: list[tuple[str, int] | None] = [None] * SLOTS
         self.next = 0
+        self.host = np.zeros(SLOTS, dtype=np.int32)
         if backend.kind == "numpy":
-            self.words = self.host = np.zeros(SLOTS * STRIDE, dtype=np.int32)
-            return
-        import cupy
-        with backend.on_device():
-            self._pinned = cupy.cuda.alloc_pinned_memory(SLOTS * STRIDE * 4)
-            self.host = np.frombuffer(self._pinned, dtype=np.int32, count=SLOTS * STRIDE)
-            self.host[:] = 0
-            # each word is zeroed on the caller's stream when a call takes it
-            if backend.kind == "torch":
-                import torch
-                self.words = torch.empty(SLOTS * STRIDE, dtype=torch.int32,
-                                         device=f"cuda:{backend.device}")
-                self._words_ptr = self.words.data_ptr()
-            else:
-                self.words = cupy.empty(SLOTS * STRIDE, dtype=cupy.int32)
-                self._words_ptr = self.words.data.ptr
+            self.words = np.zeros(SLOTS * STRIDE, dtype=np.int32)
+        else:
+            import cupy
+            with backend.on_device():
+                self._pinned = cupy.cuda.alloc_pinned_memory(SLOTS * 4)
+                self.host = np.frombuffer(self._pinned, dtype=np.int32, count=SLOTS)
+                self.host[:] = 0
+                # each word is zeroed on the caller's stream when a call takes it
+                if backend.kind == "torch":
+                    import torch
+                    self.words = torch.empty(SLOTS * STRIDE, dtype=torch.int32,
+                                             device=f"cuda:{backend.device}")
+                    self._words_ptr = self.words.data_ptr()
+                else:
+                    self.words = cupy.empty(SLOTS * STRIDE, dtype=cupy.int32)
+                    self._words_ptr = self.words.data.ptr
+        self.views = [self.words[at:at + 1] for at in range(0, SLOTS * STRIDE, STRIDE)]
 
-    def take(self, call: str) -> Word:
+    def take(self, call: tuple[str, int], stream) -> Word:
+        """The next word, zeroed on `stream` (its handle: an int; None for NumPy)."""
         slot = self.next
         self.next = (slot + 1) % SLOTS
         self.calls[slot] = call
-        at = slot * STRIDE
-        self.host[at] = 0
-        if self.backend.kind != "numpy":
+        self.host[slot] = 0
+        if stream is None:
+            self.words[slot * STRIDE] = 0
+        else:
             import cupy
-            cupy.cuda.runtime.memsetAsync(self._words_ptr + 4 * at, 0, 4, self._stream())
-        return Word(self, slot, self.words[at:at + 1])
+            cupy.cuda.runtime.memsetAsync(self._words_ptr + 4 * STRIDE * slot, 0, 4, stream)
+        return Word(self, slot, self.views[slot], stream)
 
-    def _stream(self) -> int:
-        stream = self.backend.current_stream()
-        return stream.cuda_stream if self.backend.kind == "torch" else stream.ptr
-
-    def copy_to_host(self, slot: int):
-        if self.backend.kind != "numpy":
+    def copy_to_host(self, slot: int, stream):
+        if stream is None:
+            self.host[slot] = self.words[slot * STRIDE]
+        else:
             import cupy
             runtime = cupy.cuda.runtime
-            at = 4 * slot * STRIDE
-            runtime.memcpyAsync(self._pinned.ptr + at, self._words_ptr + at, 4,
-                                runtime.memcpyDeviceToHost, self._stream())
+            runtime.memcpyAsync(self._pinned.ptr + 4 * slot, self._words_ptr + 4 * STRIDE * slot,
+                                4, runtime.memcpyDeviceToHost, stream)
 
     def pending(self) -> list[tuple[str, int]]:
         """(call, bits) of every word whose host copy shows an error, each cleared."""
+        if not np.count_nonzero(self.host):
+            return []
         found = []
-        for at in np.flatnonzero(self.host):
-            found.append((self.calls[int(at) // STRIDE] or "an earlier call", int(self.host[at])))
-            self.host[at] = 0
+        for slot in np.flatnonzero(self.host):
+            call = self.calls[slot]
+            found.append((f"{call[0]} (call #{call[1]})" if call else "an earlier call",
+                          int(self.host[slot])))
+            self.host[slot] = 0
         return found
 
 
@@ -104,10 +109,12 @@ class Word:
     ring: _Ring
     slot: int
     array: object
+    stream: int | None  # the handle of the stream it was zeroed on; None for NumPy
 
     def close(self):
-        """After the call's kernels: the word's copy to the host, on the caller's stream."""
-        self.ring.copy_to_host(self.slot)
+        """After the call's kernels: the word's copy to the host, on the stream it was zeroed
+        on (for NumPy, the copy itself)."""
+        self.ring.copy_to_host(self.slot, self.stream)
 
 
 _RINGS: dict[tuple[str, int | None], _Ring] = {}
@@ -140,15 +147,22 @@ def check_on_host(check_values, backend) -> bool:
     return check_values
 
 
-def open_word(backend, call: str) -> Word:
-    """The next error word of the backend's ring, zeroed on the current stream, for a call of
-    `call` (a function name): raises first what earlier calls on this backend left pending."""
+def open_word(backend, call: str, stream=None) -> Word:
+    """The next error word of the backend's ring, zeroed on `stream` (the caller's current
+    stream where None), for a call of `call` (a function name): raises first what earlier calls
+    on this backend left pending."""
+    if backend.kind == "numpy":
+        handle = None
+    else:
+        if stream is None:
+            stream = backend.current_stream()
+        handle = stream.cuda_stream if backend.kind == "torch" else stream.ptr
     with _LOCK:
         ring = _RINGS.get((backend.kind, backend.device))
         if ring is None:
             ring = _RINGS[backend.kind, backend.device] = _Ring(backend)
         _raise(ring.pending())
-        return ring.take(f"{call} (call #{next(_COUNT)})")
+        return ring.take((call, next(_COUNT)), handle)
 
 
 def raise_pending_errors():

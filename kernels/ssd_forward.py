@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from contract import ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values
+from contract import (ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values,
+                      dtype_name)
 from kernels import errors, tuning_table
 from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
@@ -144,19 +145,28 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
 
 def run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                 dt_softplus, dt_limit, check_values, batch_parts):
-    """(y, final_states): ssd_forward's work for any array kind."""
-    backend, parts, y, final_states = prepare_forward(
-        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
-        batch_parts)
-    table = tuning_table.table(backend)
-    if errors.check_on_host(check_values, backend):
-        check_vector_values(A, D=D, dt_bias=dt_bias)
-    word = errors.open_word(backend, "ssd_forward")
-    plan = [forward_launches(dataclasses.replace(arrays, errors=word.array), sm_count,
-                             tuned=table) for arrays, sm_count in parts]
-    backend.launch_parts(plan)
+    """(y, final_states): ssd_forward's work for any array kind, by the launch plan of the call's
+    signature (launch_plan: built and checked on the signature's first call, then reused)."""
+    given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+    plan = launch_plan(*given[:5], chunk_size, *given[5:], dt_softplus, dt_limit, batch_parts)
+    backend = plan.backend
+    arrays = dict(zip(INPUTS, given))
+    for name in plan.narrow_copies:
+        arrays[name] = backend.contiguous(arrays[name])
+    for name in plan.float32_copies:
+        arrays[name] = backend.contiguous_float32(arrays[name])
+    if seq_idx is not None:
+        arrays["seg"] = backend.segment_ids(seq_idx)
+    for name, shape in plan.outputs:
+        arrays[name] = backend.empty(shape, like=x if name == "y" else None)
+    if errors.check_on_host(check_values, backend):  # last before the launch: it waits
+        check_vector_values(arrays["A"], D=arrays["D"], dt_bias=arrays["dt_bias"])
+    stream = backend.current_stream()
+    word = errors.open_word(backend, "ssd_forward", stream)
+    arrays["errors"] = word.array
+    backend.launch_parts(plan.bind(arrays), stream)
     word.close()
-    return y, final_states
+    return arrays["y"], arrays["final_states"]
 
 
 def _check_batch_parts(batch_parts):
@@ -164,11 +174,16 @@ def _check_batch_parts(batch_parts):
         raise ValueError(f"batch_parts: must be a positive int or None, got {batch_parts!r}")
 
 
-def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                    dt_softplus, dt_limit, batch_parts=None):
-    """(backend, [ForwardPart], y, final_states): ssd_forward's arguments checked (all but the
-    values of A, D and dt_bias), made contiguous, its outputs allocated, the batch sliced
-    (`batch_parts` slices, or rules_batch_parts' count where None)."""
+# ssd_forward's array arguments in order; those read in their own dtype (the rest as float32)
+INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
+OUTPUTS = ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
+
+
+def _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit,
+             batch_parts):
+    """(backend, Dims, dt_limit): every check of the arguments but the values of A, D and
+    dt_bias, in the order ssd_forward documents (a ValueError or TypeError naming the
+    argument)."""
     _check_batch_parts(batch_parts)
     backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx)
@@ -176,25 +191,200 @@ def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
                               initial_states=initial_states, seq_idx=seq_idx, dt_limit=dt_limit,
                               float_dtypes=("float32",), activation_dtypes=ACTIVATION_DTYPES,
                               check_values=False)
-    dt_limit = check_dt_limit(dt_limit)
     check_grid(dims.batch, dims.nheads)
+    return backend, dims, check_dt_limit(dt_limit)
+
+
+def _rules_parts(dims, backend, x, given_names, batch_parts) -> int:
+    """The batch slices of a call: `batch_parts` where given, else rules_batch_parts' count."""
+    if batch_parts is None:
+        optional = [n for n in ("z", "initial_states", "seq_idx") if n in given_names]
+        batch_parts = rules_batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
+                                        optional)
+    return min(batch_parts, dims.batch)
+
+
+def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                    dt_softplus, dt_limit, batch_parts=None):
+    """(backend, [ForwardPart], y, final_states): ssd_forward's arguments checked (all but the
+    values of A, D and dt_bias), made contiguous, its outputs allocated, the batch sliced
+    (`batch_parts` slices, or rules_batch_parts' count where None): the forward's arrays for
+    the tuner and the benchmarks, which launch its parts themselves."""
+    backend, dims, dt_limit = _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias,
+                                       initial_states, seq_idx, dt_limit, batch_parts)
+    given = [n for n, a in zip(INPUTS, (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx))
+             if a is not None]
     x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
     dt, A, D, dt_bias, initial_states = (
         backend.contiguous_float32(a) for a in (dt, A, D, dt_bias, initial_states))
     seg = backend.segment_ids(seq_idx)
     dt_out, dA_cumsum, chunk_states, final_states = (
-        backend.empty(dims.shape(n)) for n in ("dt_out", "dA_cumsum", "chunk_states",
-                                               "final_states"))
+        backend.empty(dims.shape(n)) for n in OUTPUTS[:4])
     y = backend.empty(dims.shape("y"), like=x)
-    if batch_parts is None:
-        given = [n for n, a in (("z", z), ("initial_states", initial_states),
-                                ("seq_idx", seq_idx)) if a is not None]
-        batch_parts = rules_batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
-                                        given)
     arrays = ForwardArrays(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
                            dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y)
-    return (backend, forward_parts(arrays, backend.sm_count, min(batch_parts, dims.batch)), y,
-            final_states)
+    parts = _rules_parts(dims, backend, x, given, batch_parts)
+    return backend, forward_parts(arrays, backend.sm_count, parts), y, final_states
+
+
+# --------------------------------------------------------------------------------------------
+# The launch plan: what a call of one signature launches, built once per signature
+
+
+class _Slot:
+    """A stand-in for one of a call's arrays while its plan is built: its name, shape and dtype
+    name (all the launchers read) and, for a batch slice of it, its rows (lo, hi)."""
+
+    __slots__ = ("name", "shape", "dtype", "rows")
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, rows=None):
+        self.name, self.shape, self.dtype, self.rows = name, shape, dtype, rows
+
+    def __getitem__(self, index: slice) -> _Slot:
+        lo, hi, _ = index.indices(self.shape[0])
+        if (lo, hi) == (0, self.shape[0]):  # the whole batch: the array itself, not a view
+            return self
+        return _Slot(self.name, (hi - lo, *self.shape[1:]), self.dtype, (lo, hi))
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    """One launch of a plan: its kernel object and grid, its arguments with None where an
+    array goes, and where each array goes: (position, array name, rows or None)."""
+    kernel: Any
+    grid: tuple[int, int, int]
+    args: tuple
+    arrays: tuple[tuple[int, str, tuple[int, int] | None], ...]
+
+    def bind(self, values: dict) -> tuple:
+        """(kernel, grid, args) with the call's arrays: `values` maps (name, rows) to them."""
+        args = list(self.args)
+        for at, name, rows in self.arrays:
+            args[at] = values[name, rows]
+        return self.kernel, self.grid, tuple(args)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a call of one signature does but allocate and launch: where it runs, which
+    inputs it copies (to C-contiguous; to float32), the outputs' shapes, and the launches of
+    each batch slice (kernel objects, grids, tile constants and the tuned choice included)."""
+    backend: Any
+    narrow_copies: tuple[str, ...]
+    float32_copies: tuple[str, ...]
+    outputs: tuple[tuple[str, tuple[int, ...]], ...]
+    parts: tuple[tuple[PlannedLaunch, ...], ...]
+    # every (array name, rows) the launches take, once
+    needs: tuple[tuple[str, tuple[int, int] | None], ...] = ()
+
+    def bind(self, arrays: dict) -> list[list[tuple]]:
+        """Each slice's [(kernel, grid, args)] with the call's arrays (by name; batch slices
+        of them taken here)."""
+        values = {(name, rows): arrays[name] if rows is None else arrays[name][rows[0]:rows[1]]
+                  for name, rows in self.needs}
+        return [[launch.bind(values) for launch in part] for part in self.parts]
+
+
+def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+               seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
+               batch_parts=None) -> LaunchPlan:
+    """The launch plan of a call with these arguments, checked as ssd_forward checks them (all
+    but the values of A, D and dt_bias): the launchers run on stand-ins of its arrays, so the
+    plan holds no array and reads no value."""
+    backend, dims, dt_limit = _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias,
+                                       initial_states, seq_idx, dt_limit, batch_parts)
+    given = {n: a for n, a in zip(INPUTS, (x, dt, A, B, C, D, z, dt_bias, initial_states,
+                                           seq_idx)) if a is not None}
+    narrow_copies, float32_copies, slots = [], [], {}
+    for name, a in given.items():
+        if name == "seq_idx":
+            slots["seg"] = _Slot("seg", dims.shape("seq_idx"), "int32")
+        elif name in _NARROW:
+            narrow_copies += [name] if backend.contiguous(a) is not a else []
+            slots[name] = _Slot(name, dims.shape(name), dtype_name(a))
+        else:
+            float32_copies += [name] if backend.contiguous_float32(a) is not a else []
+            slots[name] = _Slot(name, tuple(int(s) for s in a.shape), "float32")
+    outputs = tuple((name, dims.shape(name)) for name in OUTPUTS)
+    for name, shape in outputs:
+        slots[name] = _Slot(name, shape, dtype_name(x) if name == "y" else "float32")
+    arrays = ForwardArrays(*(slots.get(n) for n in ("x", "dt", "A", "B", "C", "D", "z",
+                                                    "dt_bias", "initial_states", "seg")),
+                           dt_softplus, dt_limit, *(slots[n] for n in OUTPUTS[:4]), slots["y"],
+                           errors=_Slot("errors", (1,), "int32"))
+    table = tuning_table.table(backend)
+    parts = tuple(tuple(PlannedLaunch(kernel, grid, tuple(None if isinstance(a, _Slot) else a
+                                                          for a in args),
+                                      tuple((at, a.name, a.rows) for at, a in enumerate(args)
+                                            if isinstance(a, _Slot)))
+                        for kernel, grid, args in forward_launches(part.arrays, part.sm_count,
+                                                                   tuned=table))
+                  for part in forward_parts(arrays, backend.sm_count,
+                                            _rules_parts(dims, backend, x, given, batch_parts)))
+    needs = tuple(dict.fromkeys((name, rows) for part in parts for launch in part
+                                for _, name, rows in launch.arrays))
+    return LaunchPlan(backend, tuple(narrow_copies), tuple(float32_copies), outputs, parts,
+                      needs)
+
+
+# plans kept, by signature (plan_key); the oldest is dropped past MAX_PLANS
+MAX_PLANS = 1024
+_PLANS: dict[tuple, LaunchPlan] = {}
+
+
+def launch_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
+                batch_parts=None) -> LaunchPlan:
+    """build_plan's plan for these arguments, built once per signature (plan_key) and kept."""
+    key = plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                   dt_softplus, dt_limit, batch_parts)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = build_plan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                          dt_softplus, dt_limit, batch_parts)
+        if key is not None:
+            if len(_PLANS) >= MAX_PLANS:
+                _PLANS.pop(next(iter(_PLANS)), None)
+            _PLANS[key] = plan
+    return plan
+
+
+def plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
+             dt_limit, batch_parts) -> tuple | None:
+    """Everything build_plan reads, hashable: each array's type, shape, strides, dtype and
+    device (the device fixes the SM count), each option with its type (True and 1 are told
+    apart: a plan holds for arguments its checks passed), dt_limit (checked floats) and the
+    tuned table's version; None where an array is of no supported type (no plan is kept:
+    build_plan refuses it)."""
+    arrays = []
+    for a in (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx):
+        if a is None:
+            arrays.append(None)
+            continue
+        kind = type(a)
+        if kind not in _DESCRIBE:
+            _DESCRIBE[kind] = _describer(kind)
+        describe = _DESCRIBE[kind]
+        if describe is None:
+            return None
+        arrays.append((kind, describe(a)))
+    return (tuple(arrays), type(chunk_size), chunk_size, type(dt_softplus), dt_softplus,
+            tuple(dt_limit), type(batch_parts), batch_parts, tuning_table.version())
+
+
+def _describer(kind: type):
+    """A function giving an array's (shape, strides, dtype, device) for arrays of `kind`."""
+    module = kind.__module__.partition(".")[0]
+    if module == "numpy":
+        return lambda a: (a.shape, a.strides, a.dtype)
+    if module == "cupy":
+        return lambda a: (a.shape, a.strides, a.dtype, a.device.id)
+    if module == "torch":
+        return lambda a: (a.shape, a.stride(), a.dtype, a.device)
+    return None
+
+
+_DESCRIBE: dict[type, Any] = {}
 
 
 def forward_plan(arrays: ForwardArrays, sm_count, parts: int) -> list[list[tuple]]:

@@ -26,6 +26,7 @@ FORMAT = 1  # the file's layout: {"format": 1, "tables": {device key: [{signatur
 _LOCK = threading.Lock()
 _TABLES: dict[str, dict[tuple, tuple]] = {}  # device key -> signature -> choice
 _LOADED: set[str] = set()  # files read into _TABLES
+_CHANGES = [0]  # how often _TABLES changed: a plan built from them holds for one count
 
 
 def device_key(kind: str, device: int, sm_count: int) -> str:
@@ -41,6 +42,12 @@ def _device_name(kind: str, device: int) -> str:
         return name.decode() if isinstance(name, bytes) else str(name)
     import torch
     return torch.cuda.get_device_name(device)
+
+
+def version() -> tuple[int, str | None]:
+    """What the tables a launch plan read depend on (kernels.ssd_forward's plan cache): the
+    count of changes to them and the file $CUTILE_SSD_TUNING names (read on the next use)."""
+    return _CHANGES[0], os.environ.get(ENV)
 
 
 def table(backend) -> dict[tuple, tuple] | None:
@@ -61,6 +68,7 @@ def _table(key: str) -> dict[tuple, tuple]:
 
 
 def _merge(tables: dict[str, dict[tuple, tuple]]):
+    _CHANGES[0] += 1
     for key, entries in tables.items():
         _TABLES.setdefault(key, {}).update(entries)
 
@@ -112,7 +120,8 @@ def record(key: str, signature: tuple, choice: tuple):
         entries[signature] = tuple(choice)
         path = os.environ.get(ENV)
         if path:
-            _write(Path(path))
+            _write(Path(path))  # merges in what other processes wrote
+        _CHANGES[0] += 1
 
 
 def forget():
@@ -120,3 +129,4 @@ def forget():
     with _LOCK:
         _TABLES.clear()
         _LOADED.clear()
+        _CHANGES[0] += 1

@@ -435,3 +435,113 @@ def spec_of(d: Dims, options: dict, seed: int = 0) -> Spec:
 def problems(**kwargs):
     """Problems (arrays generated from a drawn Spec); kwargs as `specs`."""
     return specs(**kwargs).map(problem)
+
+
+# --------------------------------------------------------------------------------------------
+# Call signatures, for the launch-plan cache (kernels.ssd_forward.launch_plan)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a plan may depend on, without values: the dimensions, each array's dtype and layout,
+    the options. `strided`: the arrays passed as a strided view (a slice of a wider array's
+    last axis, copied to C-contiguous per call) rather than C-contiguous."""
+
+    dims: Dims
+    dtype: str  # x, B, C, z: 'float32' or 'float16'
+    D: str | None
+    z: bool
+    dt_bias: bool
+    initial_states: bool
+    seq_idx: bool
+    dt_softplus: bool
+    dt_limit: tuple[float, float]
+    batch_parts: int | None
+    strided: frozenset = frozenset()
+
+    def arguments(self, xp=np) -> dict:
+        """ssd_forward's keyword arguments of this signature, as arrays of module `xp` (values
+        random; a plan reads none)."""
+        d, rng, vector = self.dims, np.random.default_rng(0), np.float32
+
+        def array(name: str, dtype, shape=None):
+            shape = d.shape(name) if shape is None else shape
+            values = rng.standard_normal(shape).astype(dtype)
+            if name in self.strided:  # every other element of a last axis twice as long
+                wide = np.repeat(values, 2, axis=-1)
+                return xp.asarray(wide)[..., ::2]
+            return xp.asarray(values)
+        narrow = np.dtype(self.dtype)
+        return dict(
+            x=array("x", narrow), dt=array("dt", vector), A=-abs(array("A", vector)),
+            B=array("B", narrow), C=array("C", narrow), chunk_size=d.chunk_size,
+            D=None if self.D is None else array("D", vector, (d.nheads,) if self.D == "head"
+                                                   else None),
+            z=array("z", narrow) if self.z else None,
+            dt_bias=array("dt_bias", vector) if self.dt_bias else None,
+            initial_states=array("initial_states", vector) if self.initial_states else None,
+            seq_idx=(xp.asarray(np.repeat(np.arange(2, dtype=np.int32)[None],
+                                          d.batch, 0).repeat(-(-d.seqlen // 2), 1)[:, :d.seqlen])
+                     if self.seq_idx else None),
+            dt_softplus=self.dt_softplus, dt_limit=self.dt_limit, batch_parts=self.batch_parts)
+
+
+STRIDABLE = ("x", "dt", "B", "C", "z", "initial_states")
+
+
+@st.composite
+def _signature(draw) -> Signature:
+    ngroups = draw(st.sampled_from((1, 2)))
+    dims = Dims(draw(st.integers(1, 4)), draw(st.integers(1, 300)),
+                ngroups * draw(st.integers(1, 3)), draw(st.integers(1, 80)), ngroups,
+                draw(st.integers(1, 80)), draw(st.sampled_from(CHUNK_SIZES)))
+    return Signature(dims, draw(st.sampled_from(("float32", "float16"))),
+                     draw(st.sampled_from((None, "head", "channel"))), draw(st.booleans()),
+                     draw(st.booleans()), draw(st.booleans()), draw(st.booleans()),
+                     draw(st.booleans()), draw(st.sampled_from(DT_LIMITS)),
+                     draw(st.sampled_from(BATCH_PARTS)),
+                     frozenset(draw(st.lists(st.sampled_from(STRIDABLE), max_size=2))))
+
+
+CHUNK_SIZES = (16, 32, 64, 128, 256)
+BATCH_PARTS = (None, 1, 2, 3)
+
+
+def _other(values, current):
+    """One of `values` other than `current`."""
+    return st.sampled_from([v for v in values if v != current])
+
+
+def _mutations(s: Signature) -> list:
+    """Strategies of signatures that differ from `s` in one thing a plan may depend on (and only
+    in it: each draws a value other than s's)."""
+    d = s.dims
+    dims = lambda **kw: dataclasses.replace(s, dims=dataclasses.replace(d, **kw))  # noqa: E731
+    return [
+        st.builds(lambda v: dims(batch=v), _other(range(1, 5), d.batch)),
+        st.builds(lambda v: dims(seqlen=v), st.integers(1, 300).filter(lambda v: v != d.seqlen)),
+        st.builds(lambda v: dims(headdim=v), st.integers(1, 80).filter(lambda v: v != d.headdim)),
+        st.builds(lambda v: dims(dstate=v), st.integers(1, 80).filter(lambda v: v != d.dstate)),
+        st.builds(lambda v: dims(chunk_size=v), _other(CHUNK_SIZES, d.chunk_size)),
+        st.builds(lambda v: dataclasses.replace(s, dtype=v),
+                  _other(("float32", "float16"), s.dtype)),
+        st.builds(lambda v: dataclasses.replace(s, D=v), _other((None, "head", "channel"), s.D)),
+        *(st.just(dataclasses.replace(s, **{f: not getattr(s, f)}))
+          for f in ("z", "dt_bias", "initial_states", "seq_idx", "dt_softplus")),
+        st.builds(lambda v: dataclasses.replace(s, dt_limit=v), _other(DT_LIMITS, s.dt_limit)),
+        st.builds(lambda v: dataclasses.replace(s, batch_parts=v),
+                  _other(BATCH_PARTS, s.batch_parts)),
+        st.builds(lambda name: dataclasses.replace(s, strided=s.strided ^ {name}),
+                  st.sampled_from(STRIDABLE)),
+    ]
+
+
+@st.composite
+def signatures(draw) -> list[Signature]:
+    """A call signature, then a few more, each one change away from one drawn before it (so
+    that a cache key blind to that change would hand out the earlier signature's plan)."""
+    drawn = [draw(_signature())]
+    for _ in range(draw(st.integers(2, 8))):
+        mutations = _mutations(draw(st.sampled_from(drawn)))
+        drawn.append(draw(mutations[draw(st.integers(0, len(mutations) - 1))]))
+    return drawn

@@ -1,0 +1,125 @@
+"""The launch-plan cache of ssd_forward (kernels.ssd_forward.launch_plan): a call reuses the plan
+of its signature, so the cache key must hold everything a plan reads. The property: over drawn
+signatures, each a change away from an earlier one, the cached plan equals a freshly built one."""
+
+import importlib
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from kernels import tuning_table
+from properties.checks import to_backend
+from contract import Dims
+from properties.strategies import Signature, signatures
+
+forward = importlib.import_module("kernels.ssd_forward")
+SMALL = Signature(Dims(1, 40, 2, 8, 1, 8, 16), "float32", "head", False, False, False, False,
+                  False, (0.0, math.inf), None)
+
+
+@pytest.fixture
+def no_plans(monkeypatch):
+    """An empty plan cache for the test."""
+    monkeypatch.setattr(forward, "_PLANS", {})
+
+
+def arguments(signature, backend):
+    if backend == "gpu":
+        import cupy
+        return signature.arguments(cupy)
+    return signature.arguments(np)
+
+
+@pytest.mark.properties
+@given(drawn=signatures())
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # one cache a test
+def test_a_cached_plan_equals_a_fresh_one(drawn, backend, no_plans):
+    for signature in drawn:
+        kw = arguments(signature, backend)
+        cached = forward.launch_plan(**kw)
+        assert cached == forward.build_plan(**kw), signature
+        assert forward.launch_plan(**kw) is cached  # kept: the second call builds nothing
+
+
+def test_the_plan_holds_no_array():
+    kw = arguments(SMALL, "interpreter")
+    plan = forward.build_plan(**kw)
+    for part in plan.parts:
+        for launch in part:
+            assert not any(hasattr(a, "shape") for a in launch.args)
+
+
+def test_a_key_tells_apart_what_compares_equal(no_plans):
+    """True and 1, 256 and numpy's 256 compare equal but are checked apart (the second is
+    refused by name where the first passes)."""
+    kw = arguments(SMALL, "interpreter")
+    keys = {forward.plan_key(**dict(kw, dt_softplus=v)) for v in (True, 1)}
+    assert len(keys) == 2
+    assert (forward.plan_key(**dict(kw, chunk_size=64))
+            != forward.plan_key(**dict(kw, chunk_size=np.int64(64))))
+
+
+def test_a_hit_still_refuses_what_its_signature_refuses(no_plans):
+    kw = arguments(SMALL, "interpreter")
+    forward.launch_plan(**kw)
+    with pytest.raises(TypeError, match="chunk_size must be an int"):
+        forward.launch_plan(**dict(kw, chunk_size=float(kw["chunk_size"])))
+
+
+def test_a_tuned_choice_recorded_later_is_a_new_key(no_plans, monkeypatch):
+    kw = arguments(SMALL, "interpreter")
+    before = forward.plan_key(**kw)
+    monkeypatch.setattr(tuning_table, "_TABLES", {})
+    tuning_table.record("a device", ("a signature",), ("a choice",))
+    assert forward.plan_key(**kw) != before
+
+
+def test_the_cache_keeps_at_most_max_plans(no_plans, monkeypatch):
+    monkeypatch.setattr(forward, "MAX_PLANS", 3)
+    kw = arguments(SMALL, "interpreter")
+    for lo in (0.0, 1e-4, 1e-3, 1e-2):
+        forward.launch_plan(**dict(kw, dt_limit=(lo, math.inf)))
+    assert len(forward._PLANS) == 3
+
+
+def test_an_unsupported_array_type_is_refused_and_not_kept(no_plans):
+    kw = arguments(SMALL, "interpreter")
+    with pytest.raises(TypeError, match="x: unsupported array type list"):
+        forward.launch_plan(**dict(kw, x=kw["x"].tolist()))
+    assert forward._PLANS == {}
+
+
+@pytest.mark.parametrize("backend", ["interpreter", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_ssd_forward_through_a_kept_plan_equals_a_fresh_plan(backend, no_plans):
+    """Two calls of one signature (the second through the kept plan) on other values give the
+    results of the unplanned path (prepare_forward, the tuner's) bit for bit."""
+    from kernels import ssd_forward
+    s = Signature(Dims(2, 70, 4, 24, 2, 16, 32), "float32", "channel", True, True, True, True,
+                  True, (1e-3, math.inf), 2, frozenset({"x", "dt"}))
+    for seed in range(2):
+        kw = arguments(s, backend)
+        kw["x"] = kw["x"] * (seed + 1)
+        got = ssd_forward(**kw, return_final_states=True)
+        ref = _unplanned(kw)
+        for a, b in zip(got, ref):
+            assert np.array_equal(_host(a), _host(b))
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _unplanned(kw):
+    import dataclasses
+    from kernels import errors
+    from kernels.ssd_forward import forward_launches, prepare_forward
+    args = [kw[n] for n in ("x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias",
+                            "initial_states", "seq_idx", "dt_softplus", "dt_limit",
+                            "batch_parts")]
+    backend, parts, y, final_states = prepare_forward(*args)
+    word = errors.scratch_word(backend)
+    backend.launch_parts([forward_launches(dataclasses.replace(p.arrays, errors=word),
+                                           p.sm_count) for p in parts])
+    return y, final_states
