@@ -5,10 +5,11 @@ check_values=False, in one process on the GPU (issue: the default call at GPU sp
 
 Host: microseconds per call, 200 calls back to back (the median of 5 such runs, after 20 warm-up
 calls) at (1, 256, 8, 64, 64, 1, 64) fp32 with D: the default call (CuPy, then torch tensors),
-check_values=True, check_values=False, and the floor: ct.launch of the same call's launches,
-built once. GPU: median ms of the default call and of check_values=False on the anchor rows
-mamba2_2p7b, long_seq, mamba2_130m (fp32; bf16 x, B, C as torch tensors), interleaved, each
-behind L2 flushes (benchmarks.sweep.fed_gpu_time).
+check_values=True, check_values=False, mamba_ssm's mamba_chunk_scan_combined on the same torch
+tensors (where it imports: its source on PYTHONPATH), and the floor: ct.launch of the same
+call's launches, built once. GPU: median ms of the default call and of check_values=False on
+the five anchor rows (fp32; bf16 x, B, C as torch tensors), ROUNDS rounds interleaved, each of
+REPS calls behind L2 flushes (benchmarks.sweep.fed_gpu_time), the median of the rounds' medians.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import statistics
 import time
 
 SMALL = (1, 256, 8, 64, 64, 1, 64)
-ROWS = ("mamba2_2p7b", "long_seq", "mamba2_130m")
+ROUNDS, REPS = 7, 21
 
 
 def host_us(call, n: int = 200, runs: int = 5) -> float:
@@ -76,12 +77,17 @@ def main():
         for kernel, grid, args in plan:
             ct.launch(stream, grid, kernel, args)
     rows[f"floor: ct.launch of its {len(plan)} launches"] = bare
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+        rows["mamba_ssm, torch tensors"] = lambda: mamba_chunk_scan_combined(
+            t["x"], t["dt"], t["A"], t["B"], t["C"], chunk, D=t["D"])
+    except ImportError as e:
+        print(f"mamba_ssm not timed: {e}")
     for label, fn in rows.items():
         print(f"host {label:40s} {host_us(fn):8.1f} us/call", flush=True)
 
     flush = cupy_flush()
-    for name in ROWS:
-        config = ANCHORS[name]
+    for name, config in ANCHORS.items():
         a, chunk = row_inputs(config), config[-1]
         for dtype, arr in (("fp32", a), ("bf16", _torch(a, torch.bfloat16))):
             calls = {cv: call(arr, return_final_states=True, check_values=cv)
@@ -90,9 +96,9 @@ def main():
                 fn()
             cupy.cuda.runtime.deviceSynchronize()
             ms = {cv: [] for cv in calls}
-            for _ in range(3):
+            for _ in range(ROUNDS):
                 for cv, fn in calls.items():
-                    ms[cv].append(fed_gpu_time(fn, 15, flush, 4)[0])
+                    ms[cv].append(fed_gpu_time(fn, REPS, flush, 4)[0])
             default, nocheck = (statistics.median(ms[cv]) for cv in (None, False))
             print(f"gpu  {name:12s} {dtype} default {default:.3f} ms, check_values=False "
                   f"{nocheck:.3f} ms, ratio {default / nocheck:.3f}", flush=True)

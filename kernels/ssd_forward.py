@@ -4,6 +4,7 @@ mamba_ssm's mamba_chunk_scan_combined, same argument order)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -133,7 +134,6 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
             and isinstance(chunk_size, int)):
         # torch tensors: one node of a torch.compile graph (kernels/torch_op.py), which runs
         # run_forward; anything else runs it directly (and is refused there, by name)
-        from kernels import torch_op
         y, final_states = torch_op.ssd_forward(
             run_forward, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
             dt_softplus, dt_limit, check_values, batch_parts)
@@ -167,6 +167,13 @@ def run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_i
     backend.launch_parts(plan.bind(arrays), stream)
     word.close()
     return arrays["y"], arrays["final_states"]
+
+
+# Where torch is installed, the custom op of torch tensors (kernels.torch_op) is registered here,
+# at import: a registration on a first call that torch.compile traces would break its graph.
+if importlib.util.find_spec("torch") is not None:
+    from kernels import torch_op
+    torch_op.register(run_forward)
 
 
 def _check_batch_parts(batch_parts):

@@ -2,10 +2,11 @@
 
 torch.compile traces a call as one node of its graph (no graph break): the fake implementation
 gives the outputs' shapes and dtypes without running anything, the real one is the forward's
-own (kernels.ssd_forward.run_forward, handed to `custom_op` on the first torch call: this module
-sits below the forward and imports none of it). Forward only: a backward through it raises a
-RuntimeError saying so, never a wrong gradient. Imported only where torch tensors are passed
-(torch is an optional dependency).
+own (kernels.ssd_forward.run_forward, handed to `register` when kernels.ssd_forward is imported:
+this module sits below the forward and imports none of it; registering then, not on a first
+call, lets a first call that torch.compile traces find the op). Forward only: a backward through
+it raises a RuntimeError saying so, never a wrong gradient. Imported only where torch is
+installed (an optional dependency).
 """
 
 from typing import Callable, Optional
@@ -20,12 +21,11 @@ _CHECK = {code: value for value, code in CHECK_CODE.items()}
 _REGISTERED: list = []  # the op, once registered
 
 
-def custom_op(run_forward: Callable):
-    """torch.ops.cutile_ssd.ssd_forward, registered with `run_forward` (ssd_forward's work:
-    (y, final_states)) as its implementation on the first call."""
+def register(run_forward: Callable):
+    """Register torch.ops.cutile_ssd.ssd_forward with `run_forward` (ssd_forward's work:
+    (y, final_states)) as its implementation; once per process."""
     if not _REGISTERED:
         _register(run_forward)
-    return _REGISTERED[0]
 
 
 def _register(run_forward: Callable):
@@ -65,6 +65,6 @@ def ssd_forward(run_forward: Callable, x, dt, A, B, C, chunk_size, D, z, dt_bias
         return run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                            dt_softplus, dt_limit, check_values, batch_parts)
     lo, hi = dt_limit
-    return custom_op(run_forward)(
+    return _REGISTERED[0](
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, bool(dt_softplus),
         float(lo), float(hi), CHECK_CODE[check_values], batch_parts or 0)

@@ -29,13 +29,12 @@ def test_the_op_passes_torch_opcheck():
     """torch.library.opcheck: the schema, the fake implementation's shapes and dtypes against
     the real one, and the autograd registration."""
     from kernels import torch_op
-    from kernels.ssd_forward import run_forward
     kw = inputs()
     lo, hi = kw["dt_limit"]
     args = (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], CASE.chunk_size, kw["D"], kw["z"],
             kw["dt_bias"], kw["initial_states"], None, True, float(lo), float(hi),
             torch_op.CHECK_CODE[None], 0)
-    torch.library.opcheck(torch_op.custom_op(run_forward).default, args)
+    torch.library.opcheck(torch.ops.cutile_ssd.ssd_forward.default, args)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
