@@ -1,5 +1,5 @@
-"""Harness strength: seeded kernel bugs (mutants of the real kernel source) and which property
-kills each.
+"""Harness strength: seeded kernel bugs (mutants of the real kernel source, and of the launch
+plan's cache key) and which property kills each.
 
 Every mutant is one textual replacement in one kernel file that must match exactly once, so a
 kernel change that moves the text makes the catalogue fail loudly (tests/test_properties_harness.py)
@@ -187,6 +187,18 @@ CATALOGUE = [
            "rows = ct.reshape(i_sc * BLOCK_T + ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))",
            "rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))",
            "the causal mask takes an s-block's rows without its offset in the chunk"),
+    # the launch plan's cache key (kernels.ssd_forward.plan_key): a key blind to something a plan
+    # reads hands one signature's plan to another
+    Mutant("plan_key_blind_to_strides", "kernels/ssd_forward.py",
+           "return lambda a: (a.shape, a.strides, a.dtype)",
+           "return lambda a: (a.shape, a.dtype)",
+           "a strided view takes the plan of a contiguous array: no copy, wrong elements read"),
+    Mutant("plan_key_blind_to_options", "kernels/ssd_forward.py",
+           "type(dt_softplus), dt_softplus,", "type(dt_softplus),",
+           "dt_softplus on takes the plan of dt_softplus off"),
+    Mutant("plan_key_blind_to_dt_limit", "kernels/ssd_forward.py",
+           "tuple(dt_limit), type(batch_parts)", "type(batch_parts)",
+           "a call takes the plan, and so the clamp, of another dt_limit"),
 ]
 
 BY_NAME = {m.name: m for m in CATALOGUE}
