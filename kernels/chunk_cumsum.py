@@ -13,7 +13,7 @@ import cuda.tile as ct
 
 from contract import Dims, check_chunk_cumsum_args, check_dt_limit, check_vector_values
 from kernels.arrays import backend_of, check_grid, int32_indexed, needs_int64, pow2_tile
-from kernels.constants import ERROR_A, ERROR_DT_BIAS, LOG2E
+from kernels.constants import ERROR_A, ERROR_D, ERROR_DT_BIAS, LOG2E
 from kernels.errors import check_on_host, open_word
 
 SOFTPLUS_THRESHOLD = 20.0  # softplus(v) = v above it (as mamba_ssm and the reference)
@@ -28,16 +28,19 @@ class Choice(NamedTuple):
 # (benchmarks/DECISIONS.md "chunk_cumsum: heads per program")
 CHOICES = (Choice(16), Choice(8), Choice(32))
 RULES_BLOCK_H = 16
+BLOCK_DP = 64  # channels of D per channel a program checks at a time: a [BLOCK_H, 64] tile
 
 
-def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.IndexedWithInt64,
+def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, D, dt_out: ct.IndexedWithInt64,
                          dA_cumsum: ct.IndexedWithInt64, errors,
                          CHUNK: ct.Constant[int], BLOCK_H: ct.Constant[int],
                          HAS_DT_BIAS: ct.Constant[bool], DT_SOFTPLUS: ct.Constant[bool],
-                         DT_MIN: ct.Constant[float], DT_MAX: ct.Constant[float]):
+                         DT_MIN: ct.Constant[float], DT_MAX: ct.Constant[float],
+                         HAS_D: ct.Constant[bool], D_PER_HEADDIM: ct.Constant[bool]):
     """One program: dt_out and dA_cumsum of chunk bid(0) for heads block bid(1) of batch bid(2).
     A head whose A is not finite and < 0, or whose dt_bias is not finite, gets NaN in both, and
-    its bit (ERROR_A, ERROR_DT_BIAS) is OR-ed into errors[0]."""
+    its bit (ERROR_A, ERROR_DT_BIAS) is OR-ed into errors[0]. With HAS_D, a D that is not finite
+    sets ERROR_D there too (D feeds y alone: compute_out makes that y NaN)."""
     i_c = ct.bid(0)
     i_hb = ct.bid(1)
     i_b = ct.bid(2)
@@ -79,10 +82,27 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, dt_out: ct.Indexed
     # the OR of the bits of the block's bad heads, into errors[0] only where there is one (the
     # index 1 is out of bounds: no atomic for a good block)
     flags = ct.max(bad & ERROR_A) | ct.max(bad & ERROR_DT_BIAS)
+    if HAS_D:  # checked here, where an atomic is cheap (in compute_out's loops it is not)
+        flags = flags | _bad_D(D, i_hb, (i_c == 0) & (i_b == 0), BLOCK_H, D_PER_HEADDIM)
     ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags)
     # stored as (batch, nheads, nchunks, chunk_size); heads past nheads are masked by the store
     ct.store(dt_out, (i_b, i_hb, i_c, 0), ct.reshape(ct.transpose(v), (1, BLOCK_H, 1, CHUNK)))
     ct.store(dA_cumsum, (i_b, i_hb, i_c, 0), ct.reshape(ct.transpose(dA), (1, BLOCK_H, 1, CHUNK)))
+
+
+def _bad_D(D, i_hb, first, BLOCK_H, D_PER_HEADDIM):
+    """ERROR_D where a skip weight of heads block i_hb is not finite (NaN fails the comparison
+    too), else 0. D per channel, (nheads, headdim), is read in [BLOCK_H, BLOCK_DP] blocks by the
+    programs of the first chunk and batch element only (`first`; a zero trip count elsewhere)."""
+    if D_PER_HEADDIM:
+        bad = ct.zeros((BLOCK_H, BLOCK_DP), dtype=ct.int32)
+        for i_p in range(ct.where(first, ct.cdiv(D.shape[1], BLOCK_DP), 0)):
+            d = ct.load(D, (i_hb, i_p), shape=(BLOCK_H, BLOCK_DP), padding_mode=ct.PaddingMode.ZERO)
+            bad = bad | ct.where(ct.abs(d) < math.inf, 0, ERROR_D)
+    else:
+        d = ct.load(D, (i_hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
+        bad = ct.where(ct.abs(d) < math.inf, 0, ERROR_D)
+    return ct.max(bad)
 
 
 # the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
@@ -96,14 +116,15 @@ def rules_choice() -> Choice:
 
 
 def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit,
-                        choice: Choice | None = None, *, errors=None):
+                        choice: Choice | None = None, *, errors=None, D=None):
     """(kernel, grid, kernel args) of _chunk_cumsum_kernel: the one place its tiles and its kernel
     object (index width) are chosen: `choice` where given (one of CHOICES, else a ValueError),
     else the rules'.
 
     Reads only shapes, so the compile gate derives its signatures from here too. `errors`: the
     call's error word (kernels.errors), a (1,) int32 array; None only in a launch that is
-    planned, never run.
+    planned, never run. `D`: ssd_forward's skip weights, (nheads,) or (nheads, headdim), checked
+    here for the forward (compute_out then only makes a bad D's y NaN), or None.
     """
     if choice is None:
         choice = rules_choice()
@@ -114,8 +135,9 @@ def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit
     block_h = pow2_tile(nheads, hi=choice.block_h)
     lo, hi = dt_limit
     grid = (nchunks, -(-nheads // block_h), batch)
-    args = (dt, A, A if dt_bias is None else dt_bias, dt_out, dA_cumsum, errors,
-            chunk_size, block_h, dt_bias is not None, bool(dt_softplus), float(lo), float(hi))
+    args = (dt, A, A if dt_bias is None else dt_bias, A if D is None else D, dt_out, dA_cumsum,
+            errors, chunk_size, block_h, dt_bias is not None, bool(dt_softplus), float(lo),
+            float(hi), D is not None, D is not None and len(D.shape) == 2)
     kernel = _chunk_cumsum_int64 if needs_int64(*args) else _chunk_cumsum
     return kernel, grid, args
 

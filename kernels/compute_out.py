@@ -81,21 +81,18 @@ def _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
     return skip
 
 
-def _checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors):
-    """_head_D's skip weights and whether each is finite (NaN fails the comparison too); where
-    one is not, ERROR_D is OR-ed into errors[0] (only by a program that has one: index 1 is out
-    of bounds)."""
+def _checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D):
+    """_head_D's skip weights, NaN where one is not finite (NaN fails the comparison too), so
+    that every y it feeds is NaN (NaN x 0 is NaN, where inf x 0 would be NaN and inf x 1 inf).
+    With CHECK_D, ERROR_D is OR-ed into errors[0] where one is not finite (only by a program
+    that has one: index 1 is out of bounds); without, the call checks D elsewhere
+    (ssd_forward: in chunk_cumsum, where the atomic costs no time)."""
     skip = _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM)
     finite = ct.abs(skip) < math.inf
-    flags = ct.max(ct.where(finite, 0, ERROR_D))
-    ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags)
-    return skip, finite
-
-
-def _skipped(acc, skip, finite, x_t):
-    """acc + D x_t, [BLOCK_P, BLOCK_T] (x_t transposed, float32): NaN in the rows of a D that is
-    not finite (never a plausible number: inf x 0 would be NaN, inf x 1 inf)."""
-    return ct.where(finite, acc + skip * x_t, math.nan)
+    if CHECK_D:
+        flags = ct.max(ct.where(finite, 0, ERROR_D))
+        ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags)
+    return ct.where(finite, skip, math.nan)
 
 
 def _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P):
@@ -116,6 +113,7 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
                         BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
                         HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
                         D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool],
+                        CHECK_D: ct.Constant[bool],
                         HAS_SEQ_IDX: ct.Constant[bool]):
     """One program: y for BLOCK_T tokens x BLOCK_P headdim columns of HEADS heads of one group
     and batch; grid (token blocks x headdim blocks, nheads / HEADS, batch)."""
@@ -129,12 +127,13 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     i_c = i_t // T_PER_CHUNK
     i_tc = i_t % T_PER_CHUNK  # the token block's position in its chunk
     i_g = i_hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
-    # each head's skip weights and whether they are finite, read first: with the error word's
+    # each head's skip weights (NaN where not finite), read first: with the error word's
     # atomic after the products, tileiras 13.4 crashes (sm_90, 128-token blocks)
     skips = ()
     for i_k in ct.static_iter(range(HEADS)):
         if HAS_D:
-            skips += (_checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors),)
+            skips += (_checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors,
+                                 CHECK_D),)
 
     # Each head accumulates y^T, [BLOCK_P, BLOCK_T]: its products take the state, B_s or x
     # (transposed) as their first operand and C^T, or the computed (C B^T o L)^T, as second
@@ -212,8 +211,7 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         if HAS_D:
             xt = ct.load(x, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
                          padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-            acc = _skipped(acc, skips[i_k][0], skips[i_k][1],
-                           ct.transpose(ct.reshape(xt, (BLOCK_T, BLOCK_P))))
+            acc = acc + skips[i_k] * ct.transpose(ct.reshape(xt, (BLOCK_T, BLOCK_P)))
         if HAS_Z:
             acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
         # rows past seqlen and columns past headdim are masked by the store; y has x's dtype
@@ -229,7 +227,8 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                               CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
                               BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
                               HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
-                              D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool]):
+                              D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool],
+                              CHECK_D: ct.Constant[bool]):
     """One program: y of one chunk, BLOCK_P headdim columns of HEADS heads of one group, token
     block by token block (float32, no seq_idx); grid (chunks x headdim blocks, nheads / HEADS,
     batch)."""
@@ -260,10 +259,11 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                     shape=(1, 1, 1, BLOCK_P, DSTATE), padding_mode=ct.PaddingMode.ZERO)
         states += (ct.reshape(S, (BLOCK_P, DSTATE)),)
         a_befores += (ct.zeros((1, 1), dtype=ct.float32),)  # [1, 1]
-    skips = ()  # each head's skip weights and whether they are finite, read once per program
+    skips = ()  # each head's skip weights (NaN where not finite), read once per program
     for i_k in ct.static_iter(range(HEADS)):
         if HAS_D:
-            skips += (_checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors),)
+            skips += (_checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors,
+                                 CHECK_D),)
     rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
     causal = rows <= cols  # causal: s <= t
@@ -302,7 +302,7 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             W = (cbT * LT * dt_s).astype(ct.tfloat32)  # [s, t]
             acc = ct.mma(xsT.astype(ct.tfloat32), W, acc)
             if HAS_D:  # the block's x is x_t: the skip term reads no more
-                acc = _skipped(acc, skips[i_k][0], skips[i_k][1], xsT)
+                acc = acc + skips[i_k] * xsT
             if HAS_Z:
                 acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
             # rows past seqlen and columns past headdim are masked by the store
@@ -454,7 +454,8 @@ def rules_choice(x, B, dt_out, seg, int64: bool, sm_count) -> Choice:
 
 
 def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, sm_count,
-                       tuned=None, choice: Choice | None = None, *, errors=None):
+                       tuned=None, choice: Choice | None = None, *, errors=None,
+                       check_D: bool = True):
     """(kernel, grid, kernel args) of compute_out: the one place its program layout, its tiles,
     its heads per program and its kernel object (index width, occupancy hint) are chosen.
 
@@ -464,10 +465,13 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
     where given, else the device's tuned choice for this signature where `tuned` (a mapping,
     kernels.tuning_table.table) has one, else the rules' (rules_choice); a given or tuned choice
     must be one of compute_out_choices. `errors`: the call's error word (kernels.errors), a (1,)
-    int32 array; None only in a launch that is planned, never run.
+    int32 array; None only in a launch that is planned, never run. `check_D`: whether a D that
+    is not finite is reported here (its y is NaN either way); ssd_forward checks D in
+    chunk_cumsum instead, where the error word's atomic costs no time.
     """
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
-    options = (D is not None, D is not None and len(D.shape) == 2, z is not None)
+    options = (D is not None, D is not None and len(D.shape) == 2, z is not None,
+               D is not None and check_D)
     arrays = _arrays(x, B, C, dt_out, dA_cumsum, chunk_states, D, z)
     int64 = needs_int64(*arrays, y, seg)
     given = choice is not None

@@ -117,8 +117,8 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     the batch as that many slices (at most one per element) instead of the rule's count; 1 never
     splits.
 
-    The values of A, D and dt_bias (A < 0, all finite) are checked by the kernels that read
-    them (kernels.errors): a bad value makes every output it feeds NaN and is raised as a
+    The values of A, D and dt_bias (A < 0, all finite) are checked on the device, by
+    chunk_cumsum (kernels.errors): a bad value makes every output it feeds NaN and is raised as a
     ValueError naming the argument by the first later call that sees it without waiting (or by
     kernels.raise_pending_errors(), which waits). So on the GPU a call neither synchronises nor
     copies to the host. `check_values=True` (keyword only) checks them on the host before the
@@ -419,16 +419,18 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None) -> list[tuple]
     Reads only shapes and dtypes (and which optional arrays are given) and the device's SM
     count, so the compile gate derives the specializations ssd_forward uses from here, with
     stand-in arrays. `tuned`: compute_out's tuned choices for the device, or None (the rules).
-    1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size)
+    1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size); it
+       checks A, dt_bias and D
     2. fwd_pass_state: the state entering every chunk, and the final state (one launch, or two
        when the chunks go in parallel)
-    3. compute_out: y
+    3. compute_out: y (NaN where D is not finite; reported by chunk_cumsum)
     """
     a = arrays
     return [
         chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
-                            a.dt_limit, errors=a.errors),
+                            a.dt_limit, errors=a.errors, D=a.D),
         *fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,
                                  a.chunk_states, a.final_states, sm_count),
-        compute_out_launch(*a.compute_out_arrays(), sm_count, tuned, errors=a.errors),
+        compute_out_launch(*a.compute_out_arrays(), sm_count, tuned, errors=a.errors,
+                           check_D=False),
     ]

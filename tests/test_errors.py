@@ -93,6 +93,22 @@ def test_a_bad_value_gives_nan_outputs_and_a_named_error_later(backend, name, in
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bad_channel_of_D_gives_nan_in_that_channel_alone(backend):
+    """D per channel over two of chunk_cumsum's D blocks (headdim 70), a bad channel in the
+    second; ssd_forward checks D in chunk_cumsum (its first chunk's programs) and compute_out
+    makes that channel's y NaN in every chunk and batch element."""
+    case = Case("errors_D_channel", 2, 70, 4, 70, 2, 8, 16, D="channel")
+    kw = inputs(backend, case)
+    y_good = to_numpy(ssd_forward(**kw))
+    y = to_numpy(ssd_forward(**with_bad(kw, "D", (3, 66), math.inf), check_values=False))
+    assert np.isnan(y[..., 3, 66]).all()
+    y[..., 3, 66] = y_good[..., 3, 66]
+    assert np.array_equal(y, y_good)
+    with pytest.raises(ValueError, match="D must be finite.*ssd_forward"):
+        raise_pending_errors()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_next_call_raises_an_earlier_calls_error_before_launching(backend, monkeypatch):
     kw = inputs(backend)
     ssd_forward(**with_bad(kw, "A", 0, 1.0), check_values=False)
