@@ -29,6 +29,7 @@ from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSig
 
 from contract import Dims
 from kernels.arrays import index_dtype
+from kernels.compute_out import compute_out_launch
 from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
@@ -102,7 +103,7 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True):
     """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins, on a
     GPU of `sm_count` SMs: the whole batch's launches, then, where such a GPU splits the batch
     (and `split`), its slices' (a slice of one batch element specializes unlike the whole: a unit
-    dimension)."""
+    dimension), then the standalone compute_out's launch of the whole batch."""
     dtype = opts.get("dtype", "float32")
     a = lambda name: ArraySpec(dims.shape(name), dtype if name in NARROW else "float32")
     optional = {"z": opts.get("z"), "initial_states": opts.get("initial_states"),
@@ -120,7 +121,9 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True):
                               [name for name, on in optional.items() if on]) if split else 1
     plans = forward_plan(arrays, sm_count, 1) + (
         forward_plan(arrays, sm_count, parts) if parts > 1 else [])
-    return [launch for launches in plans for launch in launches]
+    # the standalone compute_out checks D itself (check_D; ssd_forward's chunk_cumsum does)
+    alone = [compute_out_launch(*arrays.compute_out_arrays(), sm_count, errors=arrays.errors)]
+    return [launch for launches in plans + [alone] for launch in launches]
 
 
 def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:

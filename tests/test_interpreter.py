@@ -221,6 +221,27 @@ def test_astype_float16_matches_numpy():
     np.testing.assert_array_equal(_roundtrip(x, ct.float16), expected)
 
 
+@ct.kernel
+def _bf16_array_kernel(x, y, N: ct.Constant[int]):
+    """One program: y = bfloat16(float32(x) * 3 + 1), x and y bfloat16 arrays (N elements)."""
+    t = ct.load(x, (0,), shape=(N,), padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+    ct.store(y, (0,), (t * 3.0 + 1.0).astype(ct.bfloat16))
+
+
+@pytest.mark.parametrize("n", [64, 50], ids=["full_tile", "partial_tile"])
+def test_bfloat16_arrays_load_exactly_and_store_rounded(n):
+    """ml_dtypes' NumPy bfloat16 arrays as kernel arguments: loads widen the stored values
+    exactly, stores take the bfloat16 the tile holds, rounded once from float32 (as ml_dtypes
+    rounds: to nearest, ties to even)."""
+    import ml_dtypes
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(n) * 2.0 ** rng.integers(-20, 20, n)).astype(ml_dtypes.bfloat16)
+    y = np.full(n, np.nan, dtype=ml_dtypes.bfloat16)
+    launch((1,), _bf16_array_kernel, (x, y, 64))
+    expected = (x.astype(np.float32) * np.float32(3) + np.float32(1)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(y.view(np.uint16), expected.view(np.uint16))
+
+
 def test_astype_float64_to_tfloat32_rounds_once():
     """1 + 2^-11 + 2^-40 rounds up to 1 + 2^-10 in TF32; via float32 first it would be a tie
     (1 + 2^-11) and round down to 1: the conversion must not round twice."""

@@ -1,12 +1,13 @@
-"""Narrow inputs: x, B, C, z in float16 (CPU interpreter, and CuPy on the GPU) or bfloat16 (GPU,
-torch tensors: NumPy and CuPy have no bfloat16), everything else float32; y in the inputs'
-dtype, final_states float32.
+"""Narrow inputs: x, B, C, z in float16 (CPU interpreter, and CuPy on the GPU) or bfloat16 (CPU
+interpreter, as ml_dtypes' NumPy bfloat16 arrays, and torch tensors on the GPU: CuPy has no
+bfloat16), everything else float32; y in the inputs' dtype, final_states float32.
 
 The reference is the float64 forward of the narrow values themselves (upcast), and the bound
 is properties/bounds.py's narrow_output_bound: the float32 bound, plus the one rounding of y to
 the narrow format. The stage tests' table runs in float32; here a few of its cases run narrow.
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -33,8 +34,8 @@ def narrow(kw: dict, cast) -> dict:
 def expected(kw: dict, dtype: str):
     """(y_ref, final_ref, y bound, final bound, the problem) for NumPy inputs `kw` whose
     activations hold the narrow values (any float dtype): the float64 forward of those values."""
-    up = {k: np.asarray(v, np.float64) if isinstance(v, np.ndarray) and v.dtype.kind == "f"
-          else v for k, v in kw.items()}
+    up = {k: np.asarray(v, np.float64) if isinstance(v, np.ndarray) and (
+        v.dtype.kind == "f" or v.dtype == ml_dtypes.bfloat16) else v for k, v in kw.items()}
     p = Problem(**up)
     y_ref, final_ref = R.ssd_chunked(p.x, p.dt, p.A, p.B, p.C, p.chunk_size, **p.options())
     b = forward_bounds(p)
@@ -50,6 +51,16 @@ def test_float16_inputs_within_narrow_bound(case_id, backend):
     assert y.dtype == np.float16 and final.dtype == np.float32
     y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "float16")
     check_close("y", y, y_ref, y_bound, b.M, p)
+    check_close("final_states", final, final_ref, final_bound, b.final_M, p)
+
+
+@pytest.mark.parametrize("case_id", NARROW_CASES)
+def test_bfloat16_inputs_on_the_interpreter_within_narrow_bound(case_id):
+    kw = narrow(make_inputs(BY_ID[case_id]), lambda a: a.astype(ml_dtypes.bfloat16))
+    y, final = ssd_forward(**kw, return_final_states=True)
+    assert y.dtype == ml_dtypes.bfloat16 and final.dtype == np.float32
+    y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "bfloat16")
+    check_close("y", y.astype(np.float64), y_ref, y_bound, b.M, p)
     check_close("final_states", final, final_ref, final_bound, b.final_M, p)
 
 

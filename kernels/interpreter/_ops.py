@@ -772,8 +772,8 @@ def load(array, /, index, shape, *, order="C", padding_mode=ct.PaddingMode.UNDET
     if partial:
         out = np.full(shape, _padding_value(padding_mode, dtype, "load"), dtype=STORAGE[dtype])
         out[dst] = view[src]
-    else:
-        out = view[src].copy()
+    else:  # in the dtype's storage (a bfloat16 array's values widen to float32 exactly)
+        out = view[src].astype(STORAGE[dtype])
     return Tile(out.reshape(()) if scalar else out, dtype)
 
 

@@ -14,6 +14,7 @@ by cuTile's table, and tfloat32 takes part in no arithmetic.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 import cuda.tile as ct
@@ -34,8 +35,10 @@ STORAGE = {
     ct.float64: np.dtype(np.float64),
 }
 
-# NumPy dtype of an array argument -> cuTile dtype (bfloat16/tfloat32 arrays do not exist in NumPy).
+# NumPy dtype of an array argument -> cuTile dtype: bfloat16 arrays are ml_dtypes' (NumPy has no
+# bfloat16; their tiles are float32 storage, loaded exactly), tfloat32 arrays do not exist.
 FROM_NUMPY = {v: k for k, v in STORAGE.items() if k not in (ct.bfloat16, ct.tfloat32)}
+FROM_NUMPY[np.dtype(ml_dtypes.bfloat16)] = ct.bfloat16
 
 # Explicit mantissa bits of the formats held in float32 storage.
 _NARROW_MANTISSA = {ct.bfloat16: 7, ct.tfloat32: 10}
