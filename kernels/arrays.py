@@ -153,13 +153,13 @@ class Backend:
         return contextlib.nullcontext()
 
     def current_stream(self):
-        """The caller's current stream (of the current device; None for the interpreter)."""
+        """The caller's current stream on the arrays' device (None for the interpreter)."""
         if self.kind == "cupy":
             import cupy
-            return cupy.cuda.get_current_stream()
+            return cupy.cuda.get_current_stream(self.device)
         if self.kind == "torch":
             import torch
-            return torch.cuda.current_stream()
+            return torch.cuda.current_stream(self.device)
         return None
 
     def launch_parts(self, parts: list[list[tuple]], stream=None):
@@ -265,6 +265,8 @@ def backend_of(**arrays) -> Backend:
             where = lambda b: b.kind if b.device is None else f"{b.kind} on device {b.device}"
             raise TypeError(f"{name} is a {where(backend)} array but {first[0]} is a "
                             f"{where(first[1])} array: all arrays must be of one kind and device")
+    if first is None:
+        raise TypeError(f"{next(iter(arrays))} must be an array, got None")
     return first[1]
 
 

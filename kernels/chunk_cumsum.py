@@ -28,7 +28,7 @@ class Choice(NamedTuple):
 # (benchmarks/DECISIONS.md "chunk_cumsum: heads per program")
 CHOICES = (Choice(16), Choice(8), Choice(32))
 RULES_BLOCK_H = 16
-BLOCK_DP = 64  # channels of D per channel a program checks at a time: a [BLOCK_H, 64] tile
+BLOCK_DP = 64  # channels of a per-channel D a program checks at a time: a [BLOCK_H, 64] tile
 
 
 def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, D, dt_out: ct.IndexedWithInt64,

@@ -1,8 +1,9 @@
 """Bad values found on the device, reported without a synchronisation.
 
 A, D and dt_bias are read by the kernels, not by the host: where a value is bad (A not finite
-and < 0, D or dt_bias not finite) the kernel that reads it writes NaN to every output it feeds
-and ORs the argument's bit (kernels.constants.ERROR_*) into the call's *error word*. Each call
+and < 0, D or dt_bias not finite) the kernels write NaN to every output it feeds and one of
+them ORs the argument's bit (kernels.constants.ERROR_*) into the call's *error word* (in
+ssd_forward chunk_cumsum sets all three; compute_out makes a bad D's y NaN). Each call
 takes the next word of a ring per device (`SLOTS` int32 words on the device and their pinned
 host copy, allocated once): the word is zeroed on the caller's stream before the kernels and
 copied to the host after them, both asynchronously. The host reads the pinned copies when it

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -130,8 +131,8 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     _check_batch_parts(batch_parts)
     dt_limit = check_dt_limit(dt_limit)
     given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
-    if (all(a is None or type(a).__module__.partition(".")[0] == "torch" for a in given)
-            and isinstance(chunk_size, int)):
+    if (torch_op is not None and _is_torch(x) and isinstance(chunk_size, int)
+            and all(a is None or _is_torch(a) for a in given)):
         # torch tensors: one node of a torch.compile graph (kernels/torch_op.py), which runs
         # run_forward; anything else runs it directly (and is refused there, by name)
         y, final_states = torch_op.ssd_forward(
@@ -169,11 +170,21 @@ def run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_i
     return arrays["y"], arrays["final_states"]
 
 
+def _is_torch(a) -> bool:
+    return type(a).__module__.partition(".")[0] == "torch"
+
+
 # Where torch is installed, the custom op of torch tensors (kernels.torch_op) is registered here,
-# at import: a registration on a first call that torch.compile traces would break its graph.
+# at import: a registration on a first call that torch.compile traces would break its graph. A
+# torch that fails to import (a broken install) leaves NumPy and CuPy calls working.
+torch_op = None
 if importlib.util.find_spec("torch") is not None:
-    from kernels import torch_op
-    torch_op.register(run_forward)
+    try:
+        from kernels import torch_op
+    except (ImportError, OSError):
+        torch_op = None
+    else:
+        torch_op.register(run_forward)
 
 
 def _check_batch_parts(batch_parts):
@@ -181,7 +192,7 @@ def _check_batch_parts(batch_parts):
         raise ValueError(f"batch_parts: must be a positive int or None, got {batch_parts!r}")
 
 
-# ssd_forward's array arguments in order; those read in their own dtype (the rest as float32)
+# ssd_forward's array arguments in order (x, B, C, z read in their own dtype: _NARROW)
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
 OUTPUTS = ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
 
@@ -337,6 +348,7 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
 # plans kept, by signature (plan_key); the oldest is dropped past MAX_PLANS
 MAX_PLANS = 1024
 _PLANS: dict[tuple, LaunchPlan] = {}
+_PLANS_LOCK = threading.Lock()
 
 
 def launch_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -350,19 +362,20 @@ def launch_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
         plan = build_plan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                           dt_softplus, dt_limit, batch_parts)
         if key is not None:
-            if len(_PLANS) >= MAX_PLANS:
-                _PLANS.pop(next(iter(_PLANS)), None)
-            _PLANS[key] = plan
+            with _PLANS_LOCK:  # another thread's insert must not break the eviction
+                if len(_PLANS) >= MAX_PLANS:
+                    _PLANS.pop(next(iter(_PLANS)), None)
+                _PLANS[key] = plan
     return plan
 
 
 def plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
              dt_limit, batch_parts) -> tuple | None:
     """Everything build_plan reads, hashable: each array's type, shape, strides, dtype and
-    device (the device fixes the SM count), each option with its type (True and 1 are told
-    apart: a plan holds for arguments its checks passed), dt_limit (checked floats) and the
-    tuned table's version; None where an array is of no supported type (no plan is kept:
-    build_plan refuses it)."""
+    device (the device fixes the SM count), chunk_size and batch_parts with their types (256 and
+    numpy's 256 are told apart: a plan holds for arguments its checks passed), dt_softplus as
+    the launchers read it (bool), dt_limit (checked floats) and the tuned table's version; None
+    where an array is of no supported type (no plan is kept: build_plan refuses it)."""
     arrays = []
     for a in (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx):
         if a is None:
@@ -375,8 +388,8 @@ def plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
         if describe is None:
             return None
         arrays.append((kind, describe(a)))
-    return (tuple(arrays), type(chunk_size), chunk_size, type(dt_softplus), dt_softplus,
-            tuple(dt_limit), type(batch_parts), batch_parts, tuning_table.version())
+    return (tuple(arrays), type(chunk_size), chunk_size, bool(dt_softplus), tuple(dt_limit),
+            type(batch_parts), batch_parts, tuning_table.version())
 
 
 def _describer(kind: type):

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
@@ -47,16 +48,30 @@ def resolve_backend(choice: str) -> str:
 
 
 def to_backend(a, backend: str):
+    """A NumPy array on `backend`: 'gpu' (CuPy; a bfloat16 array, which CuPy lacks, as a torch
+    CUDA tensor of the same bits) or 'interpreter' (NumPy)."""
     if a is None:
         return None
     if backend == "gpu":
+        if a.dtype == ml_dtypes.bfloat16:
+            import torch
+            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).cuda().view(
+                torch.bfloat16)
         import cupy
         return cupy.asarray(a)
     return np.ascontiguousarray(a)
 
 
 def to_host(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else np.asarray(a)
+    """A host NumPy copy (a torch bfloat16 tensor as ml_dtypes' bfloat16, the same bits)."""
+    if hasattr(a, "get"):
+        return a.get()
+    if hasattr(a, "detach"):
+        import torch
+        if a.dtype == torch.bfloat16:
+            return a.detach().view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
+        return a.detach().cpu().numpy()
+    return np.asarray(a)
 
 
 @contextlib.contextmanager
@@ -88,7 +103,11 @@ def _call(kernel, backend: str, *args, **kwargs):
 
 
 def forward(p: Problem, backend: str):
-    """(y, final_states) of ssd_forward on the backend."""
+    """(y, final_states) of ssd_forward on the backend (on the GPU, a problem in bfloat16 runs
+    on torch tensors: every array alike)."""
+    if backend == "gpu" and p.x.dtype == ml_dtypes.bfloat16:
+        return _call(ssd_forward, "torch", p.x, p.dt, p.A, p.B, p.C, p.chunk_size,
+                     return_final_states=True, **p.options())
     return _call(ssd_forward, backend, p.x, p.dt, p.A, p.B, p.C, p.chunk_size,
                  return_final_states=True, **p.options())
 
@@ -265,6 +284,35 @@ def _as_float16(p: Problem) -> Problem:
         return q
     return q.replace(x=f16(q.x, scale), initial_states=None if q.initial_states is None else
                      _f32(np.asarray(q.initial_states, np.float64) * scale))
+
+
+def _as_bfloat16(p: Problem) -> Problem:
+    """p with x, B, C, z in bfloat16 (rounded to nearest; bfloat16 has float32's exponent
+    range, so nothing is scaled): the reference reads the same values."""
+    bf16 = lambda a: None if a is None else np.asarray(a, np.float32).astype(  # noqa: E731
+        ml_dtypes.bfloat16)
+    return p.replace(x=bf16(p.x), B=bf16(p.B), C=bf16(p.C), z=bf16(p.z))
+
+
+def forward_bf16_bound(p: Problem, backend: str) -> dict:
+    """ssd_forward with x, B, C, z in bfloat16 (the rest float32; on the GPU as torch tensors,
+    CuPy has no bfloat16): y in bfloat16 within narrow_output_bound of the float64 forward of
+    the bfloat16 values, final_states (float32) within its float32 bound."""
+    q = _as_bfloat16(p)
+    y, final = forward(q, backend)
+    if y.dtype != ml_dtypes.bfloat16 or final.dtype != np.float32:
+        raise AssertionError(f"bfloat16 inputs gave y {y.dtype}, final_states {final.dtype} "
+                             f"(want bfloat16, float32)\n  {q.describe()}")
+    wide = q.replace(**{n: None if getattr(q, n) is None else
+                        np.asarray(getattr(q, n), np.float64) for n in ("x", "B", "C", "z")})
+    y_ref, final_ref = R.ssd_recurrent(wide.x, wide.dt, wide.A, wide.B, wide.C,
+                                       **wide.options())
+    b = forward_bounds(wide)
+    return _merge(check_close("bf16 y", y.astype(np.float64), y_ref,
+                              narrow_output_bound(y_ref, b.y, "bfloat16"), b.M, wide,
+                              floor=b.floor),
+                  check_close("bf16 final_states", final, final_ref, b.final, b.final_M, wide,
+                              floor=b.floor))
 
 
 def forward_fp16_bound(p: Problem, backend: str) -> dict:
@@ -600,6 +648,7 @@ PROPERTIES = {prop.name: prop for prop in [
     Property("extreme_decays_finite_and_bounded", forward_tf32_bound,
              lambda: problems(extreme=True)),
     Property("forward_fp16_bound", forward_fp16_bound, lambda: problems()),
+    Property("forward_bf16_bound", forward_bf16_bound, lambda: problems()),
     Property("chunk_cumsum_alone", chunk_cumsum_alone,
              lambda: st.one_of(problems(), problems(wide=True))),
     # a third of the examples where the carried state matters as much as each chunk's increment,

@@ -194,10 +194,10 @@ CATALOGUE = [
            "return lambda a: (a.shape, a.dtype)",
            "a strided view takes the plan of a contiguous array: no copy, wrong elements read"),
     Mutant("plan_key_blind_to_options", "kernels/ssd_forward.py",
-           "type(dt_softplus), dt_softplus,", "type(dt_softplus),",
+           "chunk_size, bool(dt_softplus),", "chunk_size,",
            "dt_softplus on takes the plan of dt_softplus off"),
     Mutant("plan_key_blind_to_dt_limit", "kernels/ssd_forward.py",
-           "tuple(dt_limit), type(batch_parts)", "type(batch_parts)",
+           "tuple(dt_limit),\n", "\n",
            "a call takes the plan, and so the clamp, of another dt_limit"),
 ]
 

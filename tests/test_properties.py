@@ -87,6 +87,11 @@ def test_forward_float16_inputs_within_narrow_bound(problem, backend, reach):
     check("forward_fp16_bound", problem, backend, reach)
 
 
+@given(problem=PROPERTIES["forward_bf16_bound"].strategy())
+def test_forward_bfloat16_inputs_within_narrow_bound(problem, backend, reach):
+    check("forward_bf16_bound", problem, backend, reach)
+
+
 @given(problem=PROPERTIES["extreme_decays_finite_and_bounded"].strategy())
 def test_extreme_decays_finite_and_bounded(problem, backend, reach):
     check("extreme_decays_finite_and_bounded", problem, backend, reach)

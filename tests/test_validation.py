@@ -223,3 +223,8 @@ def test_public_names():
     assert set(kernels.__all__) == {"ssd_forward", "tune_forward", "chunk_cumsum", "fwd_pass_state",
                                     "compute_out", "raise_pending_errors"}
     assert math.isinf(ssd_forward.__defaults__[-2][1])  # dt_limit defaults to (0, inf)
+
+
+def test_no_array_at_all_is_refused_by_name():
+    with pytest.raises(TypeError, match="x must be an array, got None"):
+        ssd_forward(None, None, None, None, None, 16)
