@@ -180,17 +180,18 @@ def stand_ins(config) -> dict:
 
 def launches_of(kernel: str, mod, a: dict, sm_count, choice) -> list:
     """[(kernel, grid, args)] of `kernel`'s launcher in module `mod` on arrays `a` (D on, no z,
-    no seq_idx, no initial states, no dt_bias or softplus), with `choice=choice`."""
+    no seq_idx, no initial states, no dt_bias or softplus), with `choice=choice`, each as
+    ssd_forward launches it (chunk_cumsum checks D, compute_out does not)."""
     if kernel == "chunk_cumsum":
         return [mod.chunk_cumsum_launch(a["dt"], a["A"], None, a["dt_out"], a["dA_cumsum"],
                                         False, (0.0, math.inf), choice=choice,
-                                        errors=a["errors"])]
+                                        errors=a["errors"], D=a["D"])]
     if kernel == "fwd_pass_state":
         return list(mod.fwd_pass_state_launches(a["x"], a["B"], a["dt_out"], a["dA_cumsum"], None,
                                                 None, a["chunk_states"], a["final_states"],
                                                 sm_count, choice=choice))
     return [mod.compute_out_launch(*compute_out_arrays(a), sm_count, choice=choice,
-                                   errors=a["errors"])]
+                                   errors=a["errors"], check_D=False)]
 
 
 def compute_out_arrays(a: dict) -> tuple:
