@@ -71,6 +71,15 @@ WHOLE_CHUNK_DSTATE = 128
 WHOLE_CHUNK_MIN_WAVES = 2
 
 
+def _operand(t, dtype):
+    """t as a product operand for inputs of `dtype`: bfloat16 for bfloat16 inputs (their values
+    as they are, computed values rounded to nearest), else TF32 (float32 and float16 inputs,
+    rounded to nearest; float16 values are TF32 values)."""
+    if dtype == ct.bfloat16:
+        return t.astype(ct.bfloat16)
+    return t.astype(ct.float32).astype(ct.tfloat32)
+
+
 def _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
     """Head i_h's skip weights for headdim block i_p: [BLOCK_P, 1] per channel, else [1, 1]."""
     if D_PER_HEADDIM:
@@ -139,14 +148,16 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     # (transposed) as their first operand and C^T, or the computed (C B^T o L)^T, as second
     # (faster than y with x second: DECISIONS.md "compute_out: transposed accumulator"). The
     # heads' tiles are tuples unrolled at compile time, so every product stays two-dimensional.
-    # x, B, C, z are float32, bfloat16 or float16 arrays: each load is widened to float32 (exact)
-    # before any arithmetic, so that is the same for every input dtype, except C . B^T: it takes
-    # bfloat16 / float16 operands as they are (their values are exact in TF32, their products
-    # exact in float32, accumulated in float32 as before), at twice the TF32 rate
+    # x, B, C, z are float32, bfloat16 or float16 arrays. Products take TF32 operands for
+    # float32 and float16 inputs (float16 values are TF32 values), bfloat16 ones for bfloat16
+    # inputs (_operand: the inputs as they are, the state and the decayed weights rounded to
+    # bfloat16), always with fp32 accumulators; C . B^T takes 16-bit operands as they are (their
+    # products exact in float32), at twice the TF32 rate. Every other use of a load widens it to
+    # float32 (exact).
     Ct = ct.load(C, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                  padding_mode=ct.PaddingMode.ZERO)
     CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [DSTATE, BLOCK_T], C's dtype
-    CtT = CtT_in.astype(ct.float32).astype(ct.tfloat32)
+    CtT = _operand(CtT_in, C.dtype)
     CtT_cb = CtT if C.dtype == ct.float32 else CtT_in
     if HAS_SEQ_IDX:
         seg_t = ct.load(seg, (i_b, i_t), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
@@ -162,7 +173,7 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
                          (1, BLOCK_T))
         S = ct.load(chunk_states, (i_b, i_c, i_h, i_p, 0), shape=(1, 1, 1, BLOCK_P, DSTATE),
                     padding_mode=ct.PaddingMode.ZERO)
-        S = ct.reshape(S, (BLOCK_P, DSTATE)).astype(ct.tfloat32)
+        S = _operand(ct.reshape(S, (BLOCK_P, DSTATE)), x.dtype)
         # [BLOCK_P, BLOCK_T]
         acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
         # [1, BLOCK_T]; clamp: rounding must not make it > 1
@@ -199,9 +210,9 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
             # never formed above the diagonal and no inf * 0 can appear
             LT = ct.where(keep, ct.exp2(ct.minimum(a_ts[i_k] - a_s, 0.0)), 0.0)  # [s, t]
             xs = ct.load(x, (i_b, i_s, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
-                         padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
-            xsT = ct.transpose(ct.reshape(xs, (BLOCK_T, BLOCK_P))).astype(ct.tfloat32)  # [P, s]
-            W = (cbT * LT * dt_s).astype(ct.tfloat32)  # [s, t]
+                         padding_mode=ct.PaddingMode.ZERO)
+            xsT = _operand(ct.transpose(ct.reshape(xs, (BLOCK_T, BLOCK_P))), x.dtype)  # [P, s]
+            W = _operand(cbT * LT * dt_s, x.dtype)  # [s, t]
             new_accs += (ct.mma(xsT, W, accs[i_k]),)
         accs = new_accs
 

@@ -66,6 +66,15 @@ def modes(chunk_size: int) -> tuple[str, ...]:
     return MODES if chunk_size >= PARALLEL_MIN_CHUNK else MODES[:1]
 
 
+def _operand(t, dtype):
+    """t as a product operand for inputs of `dtype`: bfloat16 for bfloat16 inputs (their values
+    as they are, computed values rounded to nearest), else TF32 (float32 and float16 inputs,
+    rounded to nearest; float16 values are TF32 values)."""
+    if dtype == ct.bfloat16:
+        return t.astype(ct.bfloat16)
+    return t.astype(ct.float32).astype(ct.tfloat32)
+
+
 def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                            dt_out: ct.IndexedWithInt64, dA_cumsum: ct.IndexedWithInt64,
                            initial_states: ct.IndexedWithInt64, seg: ct.IndexedWithInt64,
@@ -122,12 +131,12 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
         k_blocks = ct.minimum(K_PER_CHUNK, ct.cdiv(seqlen - i_c * CHUNK, BLOCK_K))
         for i_tc in range(k_blocks):
             i_t = i_c * K_PER_CHUNK + i_tc
-            # x and B may be bfloat16 or float16 arrays: widened to float32 at once (exact)
+            # x and B may be bfloat16 or float16 arrays: x widened to float32 at once (exact)
             xk = ct.load(x, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_K, 1, BLOCK_P),
                          padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
             xk = ct.reshape(xk, (BLOCK_K, BLOCK_P))
             Bk = ct.load(B, (i_b, i_t, i_g, i_n), shape=(1, BLOCK_K, 1, BLOCK_N),
-                         padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
+                         padding_mode=ct.PaddingMode.ZERO)
             Bk = ct.reshape(Bk, (BLOCK_K, BLOCK_N))
             ak = ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc), shape=(1, 1, 1, BLOCK_K))
             ak = ct.reshape(ak, (BLOCK_K, 1))
@@ -139,8 +148,9 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                 sk = ct.load(seg, (i_b, i_t), shape=(1, BLOCK_K),
                              padding_mode=ct.PaddingMode.ZERO)
                 w = ct.where(ct.reshape(sk, (BLOCK_K, 1)) == seg_last, w, 0.0)
-            # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_P], TF32 operands, fp32 accumulator
-            acc = ct.mma(ct.transpose(Bk).astype(ct.tfloat32), (xk * w).astype(ct.tfloat32), acc)
+            # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_P], fp32 accumulator: TF32 operands, or for
+            # bfloat16 inputs bfloat16 ones, B as it is and w o x rounded to bfloat16
+            acc = ct.mma(_operand(ct.transpose(Bk), B.dtype), _operand(xk * w, B.dtype), acc)
         S = acc
     if PARALLEL_CHUNKS:  # the chunk's increment, where its entering state goes (_state_pass)
         ct.store(chunk_states, (i_b, i_c_first, i_h, i_p, i_n),

@@ -64,7 +64,8 @@ Two terms the relative count does not cover, both zero in ordinary cases:
     FTZ_MIN * (seqlen + 1) * (dstate + 1) * prod(1 + max|factor|).
 
 A bf16 intermediate (u_bf16 = 2^-8 = 8 u) alone adds up to 8 u per term: the bound at kappa ~ 4.2
-leaves it no room (tests/test_properties.py and the mutants check that it is caught).
+leaves it no room (tests/test_properties.py and the mutants check that it is caught). bfloat16
+inputs take bfloat16 products and a bound of their own (below: "bfloat16 products").
 """
 
 from __future__ import annotations
@@ -107,10 +108,37 @@ def accumulation_length(seqlen: int, chunk_size: int, dstate: int) -> int:
     return seqlen + chunk_size + 2 * dstate + 3 * nchunks + 3 * (chunk_size // MIN_BLOCK_T)
 
 
-def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int) -> float:
-    """kappa of `stage` ('forward', 'compute_out', 'fwd_pass_state') at these sizes."""
+def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int,
+          operands: str = "tfloat32") -> float:
+    """kappa of `stage` ('forward', 'compute_out', 'fwd_pass_state') at these sizes, in units
+    of U_TF32, for products of `operands` ('tfloat32': float32 and float16 inputs; 'bfloat16':
+    bfloat16 inputs, see "bfloat16 products" below)."""
     n = accumulation_length(seqlen, chunk_size, dstate)
-    return TF32_ROUNDINGS[stage] + (ACCUMULATION_U32 * n + FP32_FIXED) * U_FP32 / U_TF32
+    fp32 = (ACCUMULATION_U32 * n + FP32_FIXED) * U_FP32 / U_TF32
+    if operands == "tfloat32":
+        return TF32_ROUNDINGS[stage] + fp32
+    k = BF16_ROUNDINGS[stage]
+    return k * (1.0 + k * U_BF16) * U_BF16 / U_TF32 + fp32
+
+
+# bfloat16 products (x, B, C, z in bfloat16): the derivation
+# ---------------------------------------------------------
+# For bfloat16 inputs every product takes bfloat16 operands with an fp32 accumulator: the inputs
+# as they are (x, B, C: no rounding), the values the kernels compute rounded to bfloat16 once
+# (u_bf16 = 2^-8, round to nearest): compute_out's decayed weights (C B^T o L) * dt and its
+# state operand S, fwd_pass_state's scaled w o x. Per path:
+#   compute_out, intra-chunk path:  (C B^T o L * dt) -> bf16 (C B^T itself exact in fp32)   1
+#   compute_out, carried path:      S -> bf16 (C is exact)                                 1
+#   fwd_pass_state, every increment: (w o x) -> bf16 (B is exact)                          1
+#   end to end, carried path:       the state's 1 + S's 1                                  2
+#   end to end, intra path:         1
+# (the program per chunk runs float32 inputs only). k roundings of |d| <= u_bf16 move a term by
+# at most (1 + u_bf16)^k - 1 <= k u_bf16 (1 + k u_bf16), so the bfloat16 part of kappa is
+# k (1 + k u_bf16) u_bf16 / u in units of u = U_TF32 (about 16.1 for the forward), plus the same
+# fp32 part as above; y's store adds u_bf16 |y| (narrow_output_bound). An 8-bit intermediate
+# (u = 2^-4, 16 u_bf16) or an accumulator kept in bfloat16 (a rounding per addition) exceeds it.
+U_BF16 = 2.0 ** -8
+BF16_ROUNDINGS = {"fwd_pass_state": 1, "compute_out": 1, "forward": 2}
 
 
 # The constant for tests up to 4096 tokens, chunk 256 and dstate 256 (every kernel test of the
@@ -181,14 +209,14 @@ def float64_chunked_rel(chunk_size: int, dA_cumsum) -> float:
 # Narrow inputs (x, B, C, z in bfloat16 or float16; dt, A, D, dt_bias, initial_states float32;
 # y in the inputs' dtype): the derivation
 # ------------------------------------------------------------------------------------------
-# The kernels widen every narrow load to float32 at once, exactly (bfloat16 and float16 values
-# are float32 values), and then compute as for float32 inputs, except that compute_out's C B^T
-# takes the narrow operands directly: their values are exact in TF32 (the TF32 rounding the
-# float32 bound counts on each operand is then zero) and their products exact in float32,
-# accumulated in float32 as before, so the float32 bound still covers it. So with y_ref the float64
-# forward of the narrow inputs' own values (upcast, not the float32 data they were rounded
-# from), the float32 result y32 the kernel holds before its store satisfies the float32 bound b
-# above: |y32 - y_ref| <= b. The store rounds y32 to the narrow format, to nearest:
+# For float16 inputs the kernels widen every narrow load to float32 at once, exactly (float16
+# values are TF32 values), and then compute as for float32 inputs, except that compute_out's
+# C B^T takes the float16 operands directly (their products exact in float32, accumulated in
+# float32 as before), so the float32 bound still covers it; for bfloat16 inputs the bound is
+# kappa's with bfloat16 operands (above). So with y_ref the float64 forward of the narrow
+# inputs' own values (upcast, not the float32 data they were rounded from), the float32 result
+# y32 the kernel holds before its store satisfies that bound b: |y32 - y_ref| <= b. The store
+# rounds y32 to the narrow format, to nearest:
 #     |y - y32| <= u_narrow * |y32| <= u_narrow * (|y_ref| + b)
 # (u_bf16 = 2^-8: 7 explicit mantissa bits; u_fp16 = 2^-11: 10 bits), plus, below the normal
 # range, half the subnormal spacing in absolute terms (float16 below 2^-14: 2^-25; bfloat16 has
@@ -215,7 +243,7 @@ def narrow_output_bound(y_ref, fp32_bound, dtype: str):
 # states one store rounding more. The float32 bound is first order, sum |d_r| * M; with k
 # roundings of |d| <= u_n the exact factor is (1 + u_n)^k - 1 <= k u_n (1 + k u_n) for
 # k u_n <= 1, so the float32 bound scaled by (u_n / u) (1 + KAPPA u_n) covers the comparator.
-# The cuTile kernels never get this bound: they compute in float32 whatever the input dtype.
+# The cuTile kernels' own bound is tighter: 2 bfloat16 roundings on a path, not KAPPA's 4 scaled.
 def comparator_narrow_bounds(y_ref, final_ref, fp32_y_bound, fp32_final_bound, dtype: str):
     """(y bound, final_states bound) for a side-by-side implementation with `dtype` inputs that
     keeps its intermediates in that dtype (see above); float32: the float32 bounds."""

@@ -151,12 +151,13 @@ class ForwardBounds:
 
 
 def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: float = 0.0,
-                   chunk_decay_factor: float = 1.0) -> ForwardBounds:
+                   chunk_decay_factor: float = 1.0, operands: str = "tfloat32") -> ForwardBounds:
     """Bounds of ssd_forward on `p` at `chunk_size` (default p's), from bounds.py.
 
     `extra_kappa` adds TF32 roundings on the way (a state handed from one call to the next);
     `chunk_decay_factor` scales Lambda, the largest in-chunk decay, for runs whose chunks start
-    elsewhere than p's (a chunk of another run overlaps at most 2 of p's chunks: factor 2).
+    elsewhere than p's (a chunk of another run overlaps at most 2 of p's chunks: factor 2);
+    `operands`: the products' operand format, 'bfloat16' for bfloat16 inputs (bounds.kappa).
     """
     cs = chunk_size or p.chunk_size
     d = p.dims
@@ -173,8 +174,8 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     final_M_w = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA_w, p.initial_states,
                                            p.seq_idx)[1]
     floor = _floor(p, dt_out, states_M, final_M)
-    k_y = kappa("forward", d.seqlen, cs, d.dstate) + extra_kappa
-    k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate) + extra_kappa
+    k_y = kappa("forward", d.seqlen, cs, d.dstate, operands) + extra_kappa
+    k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate, operands) + extra_kappa
     return ForwardBounds(M=M, final_M=final_M, kappa_y=k_y, kappa_final=k_s,
                          extra_y=decay_term(M, M_w, cs, lam) + floor,
                          extra_final=decay_term(final_M, final_M_w, cs, lam) + floor, floor=floor)
@@ -296,8 +297,9 @@ def _as_bfloat16(p: Problem) -> Problem:
 
 def forward_bf16_bound(p: Problem, backend: str) -> dict:
     """ssd_forward with x, B, C, z in bfloat16 (the rest float32; on the GPU as torch tensors,
-    CuPy has no bfloat16): y in bfloat16 within narrow_output_bound of the float64 forward of
-    the bfloat16 values, final_states (float32) within its float32 bound."""
+    CuPy has no bfloat16): its products take bfloat16 operands; y in bfloat16 within
+    narrow_output_bound of the float64 forward of the bfloat16 values, final_states (float32)
+    within its bound, both at kappa of bfloat16 operands."""
     q = _as_bfloat16(p)
     y, final = forward(q, backend)
     if y.dtype != ml_dtypes.bfloat16 or final.dtype != np.float32:
@@ -307,7 +309,7 @@ def forward_bf16_bound(p: Problem, backend: str) -> dict:
                         np.asarray(getattr(q, n), np.float64) for n in ("x", "B", "C", "z")})
     y_ref, final_ref = R.ssd_recurrent(wide.x, wide.dt, wide.A, wide.B, wide.C,
                                        **wide.options())
-    b = forward_bounds(wide)
+    b = forward_bounds(wide, operands="bfloat16")
     return _merge(check_close("bf16 y", y.astype(np.float64), y_ref,
                               narrow_output_bound(y_ref, b.y, "bfloat16"), b.M, wide,
                               floor=b.floor),

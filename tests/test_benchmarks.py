@@ -126,7 +126,10 @@ class Row:
                           D=host["D"])
         self.y_ref, self.final_ref = R.ssd_chunked(problem.x, problem.dt, problem.A, problem.B,
                                                    problem.C, chunk_size, D=problem.D)
-        self.expected = forward_bounds(problem)
+        self.expected = forward_bounds(problem)  # float32 arithmetic: the comparators'
+        # the cuTile kernels': bfloat16 products for bfloat16 inputs
+        self.cutile_expected = forward_bounds(
+            problem, operands="bfloat16" if dtype == "bfloat16" else "tfloat32")
         self.failures: dict[str, str | None] = {}
 
     @staticmethod
@@ -153,13 +156,14 @@ class Row:
 
     def bounds(self, impl):
         """(y bound, final_states bound) of `impl` on the reduced problem: for the cuTile
-        kernels (float32 arithmetic whatever the input dtype) the TF32 bound, y's widened by its
-        store in the row's dtype; for a comparator, properties.bounds.comparator_narrow_bounds
-        (the same in float32; with narrow inputs its intermediates may be narrow too)."""
+        kernels the bound of their products' operands (TF32, or bfloat16 for bfloat16 inputs),
+        y's widened by its store in the row's dtype; for a comparator,
+        properties.bounds.comparator_narrow_bounds (the same in float32; with narrow inputs its
+        intermediates may be narrow too)."""
         from properties.bounds import comparator_narrow_bounds, narrow_output_bound
         if impl in CUTILE_IMPLS:
-            return (narrow_output_bound(self.y_ref, self.expected.y, self.dtype),
-                    self.expected.final)
+            return (narrow_output_bound(self.y_ref, self.cutile_expected.y, self.dtype),
+                    self.cutile_expected.final)
         return comparator_narrow_bounds(self.y_ref, self.final_ref, self.expected.y,
                                         self.expected.final, self.dtype)
 

@@ -38,7 +38,7 @@ def expected(kw: dict, dtype: str):
         v.dtype.kind == "f" or v.dtype == ml_dtypes.bfloat16) else v for k, v in kw.items()}
     p = Problem(**up)
     y_ref, final_ref = R.ssd_chunked(p.x, p.dt, p.A, p.B, p.C, p.chunk_size, **p.options())
-    b = forward_bounds(p)
+    b = forward_bounds(p, operands="bfloat16" if dtype == "bfloat16" else "tfloat32")
     return y_ref, final_ref, narrow_output_bound(y_ref, b.y, dtype), b.final, b, p
 
 
