@@ -88,6 +88,11 @@ CONFIGS = [
     ("int64_all_options_chunk64", Dims(1, 2**24, 128, 64, 1, 64, 64), ALL_OPTIONS),
 ]
 
+# the configurations whose standalone compute_out launch (check_D on: ssd_forward checks D in
+# chunk_cumsum instead) is compiled too: one per compute_out kernel object, every option on
+STANDALONE_COMPUTE_OUT = ("all_options_chunk128", "options_but_seq_idx_chunk256",
+                          "int64_all_options_chunk256")
+
 # the arrays in the inputs' dtype (options' "dtype", default float32); every other one is float32
 NARROW = ("x", "B", "C", "z", "y")
 
@@ -99,11 +104,13 @@ NARROW = ("x", "B", "C", "z", "y")
 SM_COUNTS = (1, 2**31)
 
 
-def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True):
+def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
+                    alone: bool = False):
     """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins, on a
     GPU of `sm_count` SMs: the whole batch's launches, then, where such a GPU splits the batch
     (and `split`), its slices' (a slice of one batch element specializes unlike the whole: a unit
-    dimension), then the standalone compute_out's launch of the whole batch."""
+    dimension), then, with `alone`, the standalone compute_out's launch of the whole batch (it
+    checks D itself, check_D)."""
     dtype = opts.get("dtype", "float32")
     a = lambda name: ArraySpec(dims.shape(name), dtype if name in NARROW else "float32")
     optional = {"z": opts.get("z"), "initial_states": opts.get("initial_states"),
@@ -121,9 +128,10 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True):
                               [name for name, on in optional.items() if on]) if split else 1
     plans = forward_plan(arrays, sm_count, 1) + (
         forward_plan(arrays, sm_count, parts) if parts > 1 else [])
-    # the standalone compute_out checks D itself (check_D; ssd_forward's chunk_cumsum does)
-    alone = [compute_out_launch(*arrays.compute_out_arrays(), sm_count, errors=arrays.errors)]
-    return [launch for launches in plans + [alone] for launch in launches]
+    if alone:
+        plans.append([compute_out_launch(*arrays.compute_out_arrays(), sm_count,
+                                         errors=arrays.errors)])
+    return [launch for launches in plans for launch in launches]
 
 
 def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:
@@ -171,7 +179,8 @@ def specializations() -> dict:
     """{kernel name: (kernel, [launch args])}, each distinct specialization once."""
     found = {}
     for (config, dims, opts), sm_count in itertools.product(CONFIGS, SM_COUNTS):
-        for kernel, _, args in config_launches(dims, opts, sm_count):
+        for kernel, _, args in config_launches(dims, opts, sm_count,
+                                               alone=config in STANDALONE_COMPUTE_OUT):
             name = KERNEL_NAMES.get(id(kernel))
             assert name is not None, (
                 f"{config}: the launcher chose a {kernel._pyfunc.__name__} object that no kernel "
