@@ -152,21 +152,22 @@ def run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_i
     plan = launch_plan(*given[:5], chunk_size, *given[5:], dt_softplus, dt_limit, batch_parts)
     backend = plan.backend
     arrays = dict(zip(INPUTS, given))
-    for name in plan.narrow_copies:
-        arrays[name] = backend.contiguous(arrays[name])
-    for name in plan.float32_copies:
-        arrays[name] = backend.contiguous_float32(arrays[name])
-    if seq_idx is not None:
-        arrays["seg"] = backend.segment_ids(seq_idx)
-    for name, shape in plan.outputs:
-        arrays[name] = backend.empty(shape, like=x if name == "y" else None)
-    if errors.check_on_host(check_values, backend):  # last before the launch: it waits
-        check_vector_values(arrays["A"], D=arrays["D"], dt_bias=arrays["dt_bias"])
-    stream = backend.current_stream()
-    word = errors.open_word(backend, "ssd_forward", stream)
-    arrays["errors"] = word.array
-    backend.launch_parts(plan.bind(arrays), stream)
-    word.close()
+    with backend.on_device():  # copies and outputs on the arrays' device, not the current one
+        for name in plan.narrow_copies:
+            arrays[name] = backend.contiguous(arrays[name])
+        for name in plan.float32_copies:
+            arrays[name] = backend.contiguous_float32(arrays[name])
+        if seq_idx is not None:
+            arrays["seg"] = backend.segment_ids(seq_idx)
+        for name, shape in plan.outputs:
+            arrays[name] = backend.empty(shape, like=x if name == "y" else None)
+        if errors.check_on_host(check_values, backend):  # last before the launch: it waits
+            check_vector_values(arrays["A"], D=arrays["D"], dt_bias=arrays["dt_bias"])
+        stream = backend.current_stream()
+        word = errors.open_word(backend, "ssd_forward", stream)
+        arrays["errors"] = word.array
+        backend.launch_parts(plan.bind(arrays), stream)
+        word.close()
     return arrays["y"], arrays["final_states"]
 
 
