@@ -312,6 +312,15 @@ def needs_int64(*kernel_args) -> bool:
 # Smallest tile extent the launchers feed to ct.mma; smaller dimensions are zero padded up to it.
 MMA_MIN = 16
 
+
+def mma_operand(t, dtype):
+    """A tile as a ct.mma operand, for kernels whose inputs have `dtype`: bfloat16 for bfloat16
+    inputs (their values as they are, computed values rounded to nearest), else TF32 (float32
+    and float16 inputs, rounded to nearest; float16 values are TF32 values)."""
+    if dtype == ct.bfloat16:
+        return t.astype(ct.bfloat16)
+    return t.astype(ct.float32).astype(ct.tfloat32)
+
 # The grid's 2nd and 3rd axes (nheads, batch in every launcher) are limited to 65535 by CUDA.
 GRID_YZ_MAX = 65535
 

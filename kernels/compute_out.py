@@ -18,8 +18,8 @@ import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_compute_out_args, check_vector_values, dtype_name
 from kernels import tuning_table
-from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, needs_int64,
-                           pow2_tile)
+from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, mma_operand,
+                           needs_int64, pow2_tile)
 from kernels.constants import ERROR_D
 from kernels.constants import LOG2E  # the z gate's sigmoid is taken with exp2 too
 from kernels.errors import check_on_host, open_word
@@ -69,15 +69,6 @@ RULES_OCCUPANCY = 2  # "compute_out: occupancy"
 WHOLE_CHUNK_MIN_BLOCKS = 4
 WHOLE_CHUNK_DSTATE = 128
 WHOLE_CHUNK_MIN_WAVES = 2
-
-
-def _operand(t, dtype):
-    """t as a product operand for inputs of `dtype`: bfloat16 for bfloat16 inputs (their values
-    as they are, computed values rounded to nearest), else TF32 (float32 and float16 inputs,
-    rounded to nearest; float16 values are TF32 values)."""
-    if dtype == ct.bfloat16:
-        return t.astype(ct.bfloat16)
-    return t.astype(ct.float32).astype(ct.tfloat32)
 
 
 def _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
@@ -150,14 +141,14 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     # heads' tiles are tuples unrolled at compile time, so every product stays two-dimensional.
     # x, B, C, z are float32, bfloat16 or float16 arrays. Products take TF32 operands for
     # float32 and float16 inputs (float16 values are TF32 values), bfloat16 ones for bfloat16
-    # inputs (_operand: the inputs as they are, the state and the decayed weights rounded to
+    # inputs (mma_operand: the inputs as they are, the state and the decayed weights rounded to
     # bfloat16), always with fp32 accumulators; C . B^T takes 16-bit operands as they are (their
     # products exact in float32), at twice the TF32 rate. Every other use of a load widens it to
     # float32 (exact).
     Ct = ct.load(C, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                  padding_mode=ct.PaddingMode.ZERO)
     CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [DSTATE, BLOCK_T], C's dtype
-    CtT = _operand(CtT_in, C.dtype)
+    CtT = mma_operand(CtT_in, C.dtype)
     CtT_cb = CtT if C.dtype == ct.float32 else CtT_in
     if HAS_SEQ_IDX:
         seg_t = ct.load(seg, (i_b, i_t), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
@@ -173,7 +164,7 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
                          (1, BLOCK_T))
         S = ct.load(chunk_states, (i_b, i_c, i_h, i_p, 0), shape=(1, 1, 1, BLOCK_P, DSTATE),
                     padding_mode=ct.PaddingMode.ZERO)
-        S = _operand(ct.reshape(S, (BLOCK_P, DSTATE)), x.dtype)
+        S = mma_operand(ct.reshape(S, (BLOCK_P, DSTATE)), x.dtype)
         # [BLOCK_P, BLOCK_T]
         acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
         # [1, BLOCK_T]; clamp: rounding must not make it > 1
@@ -211,8 +202,9 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
             LT = ct.where(keep, ct.exp2(ct.minimum(a_ts[i_k] - a_s, 0.0)), 0.0)  # [s, t]
             xs = ct.load(x, (i_b, i_s, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
                          padding_mode=ct.PaddingMode.ZERO)
-            xsT = _operand(ct.transpose(ct.reshape(xs, (BLOCK_T, BLOCK_P))), x.dtype)  # [P, s]
-            W = _operand(cbT * LT * dt_s, x.dtype)  # [s, t]
+            # [P, s]
+            xsT = mma_operand(ct.transpose(ct.reshape(xs, (BLOCK_T, BLOCK_P))), x.dtype)
+            W = mma_operand(cbT * LT * dt_s, x.dtype)  # [s, t]
             new_accs += (ct.mma(xsT, W, accs[i_k]),)
         accs = new_accs
 

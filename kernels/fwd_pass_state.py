@@ -14,8 +14,8 @@ from typing import NamedTuple
 import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args
-from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, needs_int64,
-                           pow2_tile)
+from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, mma_operand,
+                           needs_int64, pow2_tile)
 
 # Modes. "in_order": a program per state slice runs through the chunks in order. "parallel_chunks":
 # every chunk's increment (what its tokens add to a state that entered at zero) is one program,
@@ -64,15 +64,6 @@ def modes(chunk_size: int) -> tuple[str, ...]:
     """The modes the rules may pick at this chunk size: in order always, chunks in parallel
     from PARALLEL_MIN_CHUNK tokens (a given choice may take either at any chunk size)."""
     return MODES if chunk_size >= PARALLEL_MIN_CHUNK else MODES[:1]
-
-
-def _operand(t, dtype):
-    """t as a product operand for inputs of `dtype`: bfloat16 for bfloat16 inputs (their values
-    as they are, computed values rounded to nearest), else TF32 (float32 and float16 inputs,
-    rounded to nearest; float16 values are TF32 values)."""
-    if dtype == ct.bfloat16:
-        return t.astype(ct.bfloat16)
-    return t.astype(ct.float32).astype(ct.tfloat32)
 
 
 def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
@@ -150,7 +141,8 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                 w = ct.where(ct.reshape(sk, (BLOCK_K, 1)) == seg_last, w, 0.0)
             # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_P], fp32 accumulator: TF32 operands, or for
             # bfloat16 inputs bfloat16 ones, B as it is and w o x rounded to bfloat16
-            acc = ct.mma(_operand(ct.transpose(Bk), B.dtype), _operand(xk * w, B.dtype), acc)
+            acc = ct.mma(mma_operand(ct.transpose(Bk), B.dtype), mma_operand(xk * w, B.dtype),
+                         acc)
         S = acc
     if PARALLEL_CHUNKS:  # the chunk's increment, where its entering state goes (_state_pass)
         ct.store(chunk_states, (i_b, i_c_first, i_h, i_p, i_n),

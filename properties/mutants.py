@@ -66,8 +66,8 @@ CATALOGUE = [
            "position in its chunk\n    i_g = i_hb * HEADS % B.shape[2]",
            "heads assigned to groups round-robin instead of in contiguous blocks"),
     Mutant("weights_in_bf16", "kernels/compute_out.py",
-           "W = _operand(cbT * LT * dt_s, x.dtype)  # [s, t]\n            new_accs",
-           "W = _operand((cbT * LT * dt_s).astype(ct.bfloat16).astype(ct.float32), x.dtype)"
+           "W = mma_operand(cbT * LT * dt_s, x.dtype)  # [s, t]\n            new_accs",
+           "W = mma_operand((cbT * LT * dt_s).astype(ct.bfloat16).astype(ct.float32), x.dtype)"
            "\n            new_accs",
            "the decayed C B^T weights pass through bfloat16 (a precision regression)"),
     Mutant("state_in_bf16", "kernels/fwd_pass_state.py",
@@ -130,7 +130,8 @@ CATALOGUE = [
            "the parallel scan's cumsum stored as it comes: a prefix one ulp above the one before"
            " (the bug the property suite found on the H200)"),
     Mutant("tf32_cast_dropped", "kernels/fwd_pass_state.py",
-           "ct.mma(_operand(ct.transpose(Bk), B.dtype), _operand(xk * w, B.dtype), acc)",
+           "ct.mma(mma_operand(ct.transpose(Bk), B.dtype), mma_operand(xk * w, B.dtype),\n"
+           "                         acc)",
            "ct.mma(ct.transpose(Bk).astype(ct.float32), xk * w, acc)",
            "the state product's operands not cast to tfloat32: exact, but true fp32 on the GPU,"
            " 28x slower"),
@@ -189,13 +190,14 @@ CATALOGUE = [
            "the causal mask takes an s-block's rows without its offset in the chunk"),
     # the 16-bit path (bfloat16 inputs: bfloat16 operands, fp32 decays and accumulators)
     Mutant("weights_in_8_bits", "kernels/compute_out.py",
-           "W = _operand(cbT * LT * dt_s, x.dtype)  # [s, t]",
-           "W = _operand(ct.bitcast(ct.bitcast(cbT * LT * dt_s, ct.int32) & -1048576, "
+           "W = mma_operand(cbT * LT * dt_s, x.dtype)  # [s, t]",
+           "W = mma_operand(ct.bitcast(ct.bitcast(cbT * LT * dt_s, ct.int32) & -1048576, "
            "ct.float32), x.dtype)  # [s, t]",
            "the decayed weights keep 3 mantissa bits, an 8-bit float's, before their product"),
     Mutant("state_accumulator_in_16_bits", "kernels/fwd_pass_state.py",
-           "_operand(xk * w, B.dtype), acc)",
-           "_operand(xk * w, B.dtype), acc).astype(ct.bfloat16).astype(ct.float32)",
+           "mma_operand(xk * w, B.dtype),\n                         acc)",
+           "mma_operand(xk * w, B.dtype),\n                         acc).astype(ct.bfloat16)"
+           ".astype(ct.float32)",
            "the state's accumulator is rounded to bfloat16 after every product (a 16-bit "
            "accumulator)"),
     Mutant("decay_exponent_in_16_bits", "kernels/compute_out.py",
