@@ -152,6 +152,10 @@ class Backend:
             return torch.cuda.device(self.device)
         return contextlib.nullcontext()
 
+    def stream_handle(self, stream) -> int:
+        """A CuPy or torch stream's CUDA handle."""
+        return stream.cuda_stream if self.kind == "torch" else stream.ptr
+
     def current_stream(self):
         """The caller's current stream on the arrays' device (None for the interpreter)."""
         if self.kind == "cupy":
@@ -183,17 +187,15 @@ class Backend:
             if self.kind == "cupy":
                 import cupy
                 event = lambda: cupy.cuda.Event(disable_timing=True)  # noqa: E731
-                handle = lambda stream: stream.ptr  # noqa: E731
             else:
                 import torch
                 event = lambda: torch.cuda.Event()  # noqa: E731
-                handle = lambda stream: stream.cuda_stream  # noqa: E731
             fork = event()
             fork.record(main)
             joins = []
             try:
                 for k, launches in enumerate(parts[1:]):
-                    side = _side_stream(self.kind, self.device, handle(main), k)
+                    side = _side_stream(self.kind, self.device, self.stream_handle(main), k)
                     side.wait_event(fork)
                     try:
                         for kernel, grid, args in launches:

@@ -157,7 +157,7 @@ def open_word(backend, call: str, stream=None) -> Word:
     else:
         if stream is None:
             stream = backend.current_stream()
-        handle = stream.cuda_stream if backend.kind == "torch" else stream.ptr
+        handle = backend.stream_handle(stream)
     with _LOCK:
         ring = _RINGS.get((backend.kind, backend.device))
         if ring is None:

@@ -151,16 +151,8 @@ def run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_i
     given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
     plan = launch_plan(*given[:5], chunk_size, *given[5:], dt_softplus, dt_limit, batch_parts)
     backend = plan.backend
-    arrays = dict(zip(INPUTS, given))
-    with backend.on_device():  # copies and outputs on the arrays' device, not the current one
-        for name in plan.narrow_copies:
-            arrays[name] = backend.contiguous(arrays[name])
-        for name in plan.float32_copies:
-            arrays[name] = backend.contiguous_float32(arrays[name])
-        if seq_idx is not None:
-            arrays["seg"] = backend.segment_ids(seq_idx)
-        for name, shape in plan.outputs:
-            arrays[name] = backend.empty(shape, like=x if name == "y" else None)
+    with backend.on_device():
+        arrays = plan.arrays(given)
         if errors.check_on_host(check_values, backend):  # last before the launch: it waits
             check_vector_values(arrays["A"], D=arrays["D"], dt_bias=arrays["dt_bias"])
         stream = backend.current_stream()
@@ -195,6 +187,8 @@ def _check_batch_parts(batch_parts):
 
 # ssd_forward's array arguments in order (x, B, C, z read in their own dtype: _NARROW)
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
+# ForwardArrays' inputs in its order (seq_idx as its segment ids) and outputs
+FORWARD_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seg")
 OUTPUTS = ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
 
 
@@ -214,36 +208,22 @@ def _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
     return backend, dims, check_dt_limit(dt_limit)
 
 
-def _rules_parts(dims, backend, x, given_names, batch_parts) -> int:
-    """The batch slices of a call: `batch_parts` where given, else rules_batch_parts' count."""
-    if batch_parts is None:
-        optional = [n for n in ("z", "initial_states", "seq_idx") if n in given_names]
-        batch_parts = rules_batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
-                                        optional)
-    return min(batch_parts, dims.batch)
-
-
 def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                     dt_softplus, dt_limit, batch_parts=None):
     """(backend, [ForwardPart], y, final_states): ssd_forward's arguments checked (all but the
     values of A, D and dt_bias), made contiguous, its outputs allocated, the batch sliced
-    (`batch_parts` slices, or rules_batch_parts' count where None): the forward's arrays for
-    the tuner and the benchmarks, which launch its parts themselves."""
-    backend, dims, dt_limit = _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias,
-                                       initial_states, seq_idx, dt_limit, batch_parts)
-    given = [n for n, a in zip(INPUTS, (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx))
-             if a is not None]
-    x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
-    dt, A, D, dt_bias, initial_states = (
-        backend.contiguous_float32(a) for a in (dt, A, D, dt_bias, initial_states))
-    seg = backend.segment_ids(seq_idx)
-    dt_out, dA_cumsum, chunk_states, final_states = (
-        backend.empty(dims.shape(n)) for n in OUTPUTS[:4])
-    y = backend.empty(dims.shape("y"), like=x)
-    arrays = ForwardArrays(x, dt, A, B, C, D, z, dt_bias, initial_states, seg, dt_softplus,
-                           dt_limit, dt_out, dA_cumsum, chunk_states, final_states, y)
-    parts = _rules_parts(dims, backend, x, given, batch_parts)
-    return backend, forward_parts(arrays, backend.sm_count, parts), y, final_states
+    (`batch_parts` slices, or rules_batch_parts' count where None), as the call's launch plan
+    does them: the forward's arrays for the tuner and the benchmarks, which launch its parts
+    themselves."""
+    given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+    plan = launch_plan(*given[:5], chunk_size, *given[5:], dt_softplus, dt_limit, batch_parts)
+    backend = plan.backend
+    with backend.on_device():
+        a = plan.arrays(given)
+    arrays = ForwardArrays(*(a.get(n) for n in FORWARD_INPUTS), dt_softplus,
+                           check_dt_limit(dt_limit), *(a[n] for n in OUTPUTS))
+    return (backend, forward_parts(arrays, backend.sm_count, len(plan.parts)), a["y"],
+            a["final_states"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,7 +274,22 @@ class LaunchPlan:
     outputs: tuple[tuple[str, tuple[int, ...]], ...]
     parts: tuple[tuple[PlannedLaunch, ...], ...]
     # every (array name, rows) the launches take, once
-    needs: tuple[tuple[str, tuple[int, int] | None], ...] = ()
+    needs: tuple[tuple[str, tuple[int, int] | None], ...]
+
+    def arrays(self, given: tuple) -> dict:
+        """The call's arrays by name, on the current device (the caller makes it the arrays'):
+        `given` (ssd_forward's array arguments in INPUTS' order), copied where the plan says,
+        the segment ids of seq_idx, and the outputs allocated."""
+        backend = self.backend
+        arrays = dict(zip(INPUTS, given))
+        for name in self.narrow_copies:
+            arrays[name] = backend.contiguous(arrays[name])
+        for name in self.float32_copies:
+            arrays[name] = backend.contiguous_float32(arrays[name])
+        arrays["seg"] = backend.segment_ids(arrays["seq_idx"])
+        for name, shape in self.outputs:
+            arrays[name] = backend.empty(shape, like=arrays["x"] if name == "y" else None)
+        return arrays
 
     def bind(self, arrays: dict) -> list[list[tuple]]:
         """Each slice's [(kernel, grid, args)] with the call's arrays (by name; batch slices
@@ -327,10 +322,8 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
     outputs = tuple((name, dims.shape(name)) for name in OUTPUTS)
     for name, shape in outputs:
         slots[name] = _Slot(name, shape, dtype_name(x) if name == "y" else "float32")
-    arrays = ForwardArrays(*(slots.get(n) for n in ("x", "dt", "A", "B", "C", "D", "z",
-                                                    "dt_bias", "initial_states", "seg")),
-                           dt_softplus, dt_limit, *(slots[n] for n in OUTPUTS[:4]), slots["y"],
-                           errors=_Slot("errors", (1,), "int32"))
+    arrays = ForwardArrays(*(slots.get(n) for n in FORWARD_INPUTS), dt_softplus, dt_limit,
+                           *(slots[n] for n in OUTPUTS), errors=_Slot("errors", (1,), "int32"))
     table = tuning_table.table(backend)
     parts = tuple(tuple(PlannedLaunch(kernel, grid, tuple(None if isinstance(a, _Slot) else a
                                                           for a in args),
@@ -339,11 +332,21 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
                         for kernel, grid, args in forward_launches(part.arrays, part.sm_count,
                                                                    tuned=table))
                   for part in forward_parts(arrays, backend.sm_count,
-                                            _rules_parts(dims, backend, x, given, batch_parts)))
+                                            _parts(dims, backend, x, given, batch_parts)))
     needs = tuple(dict.fromkeys((name, rows) for part in parts for launch in part
                                 for _, name, rows in launch.arrays))
     return LaunchPlan(backend, tuple(narrow_copies), tuple(float32_copies), outputs, parts,
                       needs)
+
+
+def _parts(dims, backend, x, given, batch_parts) -> int:
+    """The batch slices of a call: `batch_parts` where given, else rules_batch_parts' count
+    (`given`: the names of the arrays passed)."""
+    if batch_parts is None:
+        optional = [n for n in ("z", "initial_states", "seq_idx") if n in given]
+        batch_parts = rules_batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
+                                        optional)
+    return min(batch_parts, dims.batch)
 
 
 # plans kept, by signature (plan_key); the oldest is dropped past MAX_PLANS

@@ -48,18 +48,20 @@ def resolve_backend(choice: str) -> str:
 
 
 def to_backend(a, backend: str):
-    """A NumPy array on `backend`: 'gpu' (CuPy; a bfloat16 array, which CuPy lacks, as a torch
-    CUDA tensor of the same bits) or 'interpreter' (NumPy)."""
+    """A NumPy array on `backend`: 'gpu' (CuPy), 'torch' (a torch CUDA tensor; a bfloat16 array
+    as the same bits) or 'interpreter' (NumPy)."""
     if a is None:
         return None
-    if backend == "gpu":
+    a = np.ascontiguousarray(a)
+    if backend == "torch":
+        import torch
         if a.dtype == ml_dtypes.bfloat16:
-            import torch
-            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).cuda().view(
-                torch.bfloat16)
+            return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
+        return torch.from_numpy(a).cuda()
+    if backend == "gpu":
         import cupy
         return cupy.asarray(a)
-    return np.ascontiguousarray(a)
+    return a
 
 
 def to_host(a) -> np.ndarray:
@@ -104,10 +106,9 @@ def _call(kernel, backend: str, *args, **kwargs):
 
 def forward(p: Problem, backend: str):
     """(y, final_states) of ssd_forward on the backend (on the GPU, a problem in bfloat16 runs
-    on torch tensors: every array alike)."""
+    on torch tensors, every array alike: CuPy has no bfloat16)."""
     if backend == "gpu" and p.x.dtype == ml_dtypes.bfloat16:
-        return _call(ssd_forward, "torch", p.x, p.dt, p.A, p.B, p.C, p.chunk_size,
-                     return_final_states=True, **p.options())
+        backend = "torch"
     return _call(ssd_forward, backend, p.x, p.dt, p.A, p.B, p.C, p.chunk_size,
                  return_final_states=True, **p.options())
 

@@ -42,28 +42,20 @@ def nothing_pending():
         pass
 
 
-def on(backend: str, a: np.ndarray):
-    """A NumPy array as an array of `backend` ('interpreter', 'gpu': CuPy, 'torch')."""
-    if backend == "torch":
-        import torch
-        return torch.from_numpy(a).cuda()
-    return to_backend(a, backend)
-
-
 def backend_of(a) -> str:
     kind = type(a).__module__.split(".")[0]
     return {"numpy": "interpreter", "cupy": "gpu"}.get(kind, kind)
 
 
 def inputs(backend, case=CASE):
-    return {k: on(backend, v) if isinstance(v, np.ndarray) else v
+    return {k: to_backend(v, backend) if isinstance(v, np.ndarray) else v
             for k, v in make_inputs(case).items()}
 
 
 def with_bad(kw, name, index, value):
     bad = to_numpy(kw[name]).copy()
     bad[index] = value
-    return dict(kw, **{name: on(backend_of(kw[name]), bad)})
+    return dict(kw, **{name: to_backend(bad, backend_of(kw[name]))})
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -153,8 +145,8 @@ def test_compute_out_reports_a_bad_D_in_every_choice(backend):
     kw = inputs(backend, case)
     dt_out, dA = chunk_cumsum(kw["dt"], kw["A"], case.chunk_size)
     nchunks = -(-case.seqlen // case.chunk_size)
-    states = on(backend, np.random.default_rng(1).standard_normal(
-        (1, nchunks, 4, 8, 16)).astype(np.float32))
+    states = to_backend(np.random.default_rng(1).standard_normal(
+        (1, nchunks, 4, 8, 16)).astype(np.float32), backend)
     bad = with_bad(kw, "D", (2, 5), math.nan)
     choices = compute_out_choices(kw["x"], kw["B"], kw["C"], dt_out, dA, states, bad["D"], None,
                                   None, kw["x"])

@@ -93,9 +93,10 @@ def test_an_unsupported_array_type_is_refused_and_not_kept(no_plans):
 
 
 @pytest.mark.parametrize("backend", ["interpreter", pytest.param("gpu", marks=pytest.mark.gpu)])
-def test_ssd_forward_through_a_kept_plan_equals_a_fresh_plan(backend, no_plans):
-    """Two calls of one signature (the second through the kept plan) on other values give the
-    results of the unplanned path (prepare_forward, the tuner's) bit for bit."""
+def test_ssd_forward_through_a_kept_plan_equals_its_launchers_on_the_arrays(backend, no_plans):
+    """Two calls of one signature (the second through the kept plan) on other values give bit
+    for bit the results of forward_launches run on the call's own arrays (the tuner's path:
+    no plan binding its launches)."""
     from kernels import ssd_forward
     s = Signature(Dims(2, 70, 4, 24, 2, 16, 32), "float32", "channel", True, True, True, True,
                   True, (1e-3, math.inf), 2, frozenset({"x", "dt"}))
@@ -103,7 +104,7 @@ def test_ssd_forward_through_a_kept_plan_equals_a_fresh_plan(backend, no_plans):
         kw = arguments(s, backend)
         kw["x"] = kw["x"] * (seed + 1)
         got = ssd_forward(**kw, return_final_states=True)
-        ref = _unplanned(kw)
+        ref = _launched_on_the_arrays(kw)
         for a, b in zip(got, ref):
             assert np.array_equal(_host(a), _host(b))
 
@@ -112,7 +113,7 @@ def _host(a):
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
-def _unplanned(kw):
+def _launched_on_the_arrays(kw):
     import dataclasses
     from kernels import errors
     from kernels.ssd_forward import forward_launches, prepare_forward
