@@ -280,6 +280,19 @@ def check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, *, initial_states=None, s
     return dims
 
 
+def check_ssd_scan_args(x, B, C, dt_out, dA_cumsum, *, D=None, z=None, initial_states=None,
+                        seq_idx=None, float_dtypes=FLOAT_DTYPES, activation_dtypes=None,
+                        check_values=True) -> Dims:
+    dims = _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes, activation_dtypes)
+    _expect("C", C, dims.shape("C"))
+    _activation("C", C, x, float_dtypes, activation_dtypes)
+    _check_D_z(D, z, dims, float_dtypes, x, activation_dtypes)
+    _check_states_seq_idx(initial_states, seq_idx, dims, float_dtypes)
+    if check_values and D is not None:
+        check_vector_values(D=D)
+    return dims
+
+
 def check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, *, D=None, z=None,
                            seq_idx=None, float_dtypes=FLOAT_DTYPES, activation_dtypes=None,
                            check_values=True) -> Dims:

@@ -18,6 +18,7 @@ from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
+from kernels.ssd_scan import scan_runs, ssd_scan_launches
 
 # On the GPU an even batch runs as BATCH_PARTS slices of the batch, each its three kernels in
 # order, the second slice on a side stream (Backend.launch_parts), where fwd_pass_state's
@@ -85,7 +86,7 @@ def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=()) -
     the call has (ct.launch specializes kernels on the alignment: a misaligned slice would lose
     TMA loads). `itemsize`: the activations' (x, B, C, z, y); `given`: the optional batch-first
     arrays passed (z, initial_states, seq_idx)."""
-    if kind == "numpy" or dims.batch % BATCH_PARTS:
+    if kind == "numpy" or dims.batch % BATCH_PARTS or _scans(dims, sm_count, "seq_idx" in given):
         return 1
     programs = in_order_programs(dims.batch, dims.nheads, dims.headdim, dims.dstate)
     if programs <= SPLIT_MIN_WAVES * sm_count:
@@ -95,6 +96,14 @@ def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=()) -
         if dims.batch // BATCH_PARTS * per_element % 16:
             return 1
     return BATCH_PARTS
+
+
+def _scans(dims, sm_count: int, seq_idx: bool) -> bool:
+    """Whether the call's forward is the scan (kernels.ssd_scan.scan_runs), judged from its
+    dimensions alone (a call whose arrays need int64 indices runs the two kernels, unsplit)."""
+    stand_in = lambda name: _Slot(name, dims.shape(name), "float32")  # noqa: E731
+    return scan_runs(stand_in("x"), stand_in("B"), stand_in("dt_out"),
+                     stand_in("seq_idx") if seq_idx else None, (), sm_count)
 
 
 # every batch-first array of a call without options; z, initial_states, seq_idx where given
@@ -221,7 +230,7 @@ def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
     with backend.on_device():
         a = plan.arrays(given)
     arrays = ForwardArrays(*(a.get(n) for n in FORWARD_INPUTS), dt_softplus,
-                           check_dt_limit(dt_limit), *(a[n] for n in OUTPUTS))
+                           check_dt_limit(dt_limit), *(a.get(n) for n in OUTPUTS))
     return (backend, forward_parts(arrays, backend.sm_count, len(plan.parts)), a["y"],
             a["final_states"])
 
@@ -335,6 +344,9 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
                                             _parts(dims, backend, x, given, batch_parts)))
     needs = tuple(dict.fromkeys((name, rows) for part in parts for launch in part
                                 for _, name, rows in launch.arrays))
+    # the outputs the launches write (the scan takes no chunk_states), y and final_states always
+    needed = {name for name, _ in needs} | {"y", "final_states"}
+    outputs = tuple((name, shape) for name, shape in outputs if name in needed)
     return LaunchPlan(backend, tuple(narrow_copies), tuple(float32_copies), outputs, parts,
                       needs)
 
@@ -438,14 +450,23 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None) -> list[tuple]
     stand-in arrays. `tuned`: compute_out's tuned choices for the device, or None (the rules).
     1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size); it
        checks A, dt_bias and D
+    2. where it runs (kernels.ssd_scan.scan_runs), ssd_scan: y and the final state in one pass
+       through the sequence, or through segments of it (their increments in chunk_states,
+       then y); else
     2. fwd_pass_state: the state entering every chunk, and the final state (one launch, or two
        when the chunks go in parallel)
     3. compute_out: y (NaN where D is not finite; reported by chunk_cumsum)
     """
     a = arrays
+    cumsum = chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
+                                 a.dt_limit, errors=a.errors, D=a.D)
+    scan_arrays = (a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z, a.seg,
+                   a.chunk_states, a.y, a.final_states)
+    if scan_runs(a.x, a.B, a.dt_out, a.seg, scan_arrays, sm_count):
+        return [cumsum, *ssd_scan_launches(*scan_arrays, sm_count, errors=a.errors,
+                                           check_D=False)]
     return [
-        chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
-                            a.dt_limit, errors=a.errors, D=a.D),
+        cumsum,
         *fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,
                                  a.chunk_states, a.final_states, sm_count),
         compute_out_launch(*a.compute_out_arrays(), sm_count, tuned, errors=a.errors,

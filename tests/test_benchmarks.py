@@ -2,7 +2,7 @@
 benchmark tools (FLOP/byte model, GPU clock, compare gate, plot).
 
 On the GPU machine, one command runs everything (all anchor rows, the seqlen sweep, both dtypes
-where supported, torch and mamba_ssm side by side):
+where supported, torch, mamba_ssm and flash-linear-attention side by side, each where it imports):
 
     python -m pytest -m benchmark --benchmark-json=bench.json
 
@@ -43,11 +43,14 @@ ROUNDS = 30  # rounds per case; fewer (at least 5) when a round is slow (see TIM
 TIME_BUDGET_S = 1.0  # GPU seconds of timed rounds per case, at most
 REDUCED_SEQLEN = 1024
 REDUCED_HEADS_PER_GROUP = 2
-# per row in this order: mamba_ssm's median is known when cuTile's are recorded. "cutile" is
+# per row in this order: the peers' medians are known when cuTile's are recorded. "fla" is
+# flash-linear-attention's chunk_simple_gla, the core of the same recurrence: its q and k (C and B)
+# expanded per head and its v (x dt) formed before the timing, D added after it. "cutile" is
 # ssd_forward as called by default (A and D checked by the kernels, no synchronisation);
 # "cutile_nocheck" with check_values=False (the same kernels, no error word read back either
 # way: the default should be within noise of it).
-IMPLS = ("mamba_ssm", "torch", "cutile", "cutile_nocheck")
+IMPLS = ("mamba_ssm", "fla", "torch", "cutile", "cutile_nocheck")
+PEERS = ("mamba_ssm", "fla")  # the speedups are taken over these
 CUTILE_FORWARDS = {"cutile": None, "cutile_nocheck": False}  # impl -> check_values
 KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")  # timed after the row's ssd_forward
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -82,6 +85,41 @@ def _mamba():
     except Exception as e:  # ImportError, or a broken triton/torch install under it
         pytest.skip(f"mamba_ssm cannot be imported ({type(e).__name__}: {e})")
     return mamba_chunk_scan_combined
+
+
+def _fla():
+    try:
+        from fla.ops.simple_gla.chunk import chunk_simple_gla
+    except Exception as e:  # ImportError, or a broken triton/torch install under it
+        pytest.skip(f"flash-linear-attention cannot be imported ({type(e).__name__}: {e})")
+    return chunk_simple_gla
+
+
+def _fla_forward(row):
+    """(forward(x, dt, A, B, C, D) -> (y, final_states), timed(inputs)) of flash-linear-attention
+    on `row`: q = C and k = B expanded to every head of their group, v = x dt in x's dtype, the
+    log decays g = dt A; y = o + D x. `timed` is the core alone (chunk_simple_gla), on inputs
+    prepared once by `prepare`."""
+    gla = _fla()
+    torch = _torch()
+
+    def prepare(x, dt, A, B, C, D):
+        per_group = x.shape[2] // B.shape[2]
+        return {"q": C.repeat_interleave(per_group, dim=2).contiguous(),
+                "k": B.repeat_interleave(per_group, dim=2).contiguous(),
+                "v": (x.float() * dt[..., None]).to(x.dtype).contiguous(),
+                "g": (dt * A).contiguous()}
+
+    def core(q, k, v, g):
+        return gla(q, k, v, g=g, scale=1.0, output_final_state=True)
+
+    def forward(x, dt, A, B, C, D):
+        o, final = core(**prepare(x, dt, A, B, C, D))
+        y = (o.float() + D[:, None] * x.float()).to(x.dtype)
+        # fla's state is (batch, nheads, dstate, headdim)
+        return y, torch.transpose(final, -1, -2)
+
+    return forward, prepare, core
 
 
 def _host(a) -> np.ndarray:
@@ -250,6 +288,11 @@ def _comparator(row, impl):
     """(check failure or None, the timed call) of a side-by-side implementation on `row`."""
     if _torch() is None:
         pytest.skip("torch with CUDA is not installed: no side-by-side comparator")
+    f = row.full
+    if impl == "fla":
+        forward, prepare, core = _fla_forward(row)
+        inputs = prepare(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])
+        return row.check(impl, forward), lambda: core(**inputs)
     if impl == "mamba_ssm":
         scan = _mamba()
 
@@ -263,7 +306,6 @@ def _comparator(row, impl):
 
         def forward(x, dt, A, B, C, D):
             return ssd_chunked_torch(x, dt, A, B, C, row.chunk_size, D=D, return_final_states=True)
-    f = row.full
     timed = lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])  # noqa: E731
     return row.check(impl, forward), timed
 
@@ -306,9 +348,10 @@ def test_speed(benchmark, flush, case):
     if anchor is not None:
         info["anchor"] = anchor
     if op == "ssd_forward" and impl in CUTILE_FORWARDS:
-        mamba = _MEDIANS.get((op, name, dtype, "mamba_ssm"))
-        if mamba is not None:
-            info["speedup_vs_mamba_ssm"] = mamba / median
+        for peer in PEERS:
+            peer_median = _MEDIANS.get((op, name, dtype, peer))
+            if peer_median is not None:
+                info[f"speedup_vs_{peer}"] = peer_median / median
         if series == "anchor":
             info["spec_mamba_ssm_ms"] = SPEC_MAMBA_MS[name][0 if dtype == "float32" else 1]
             if dtype == "float32":
@@ -331,7 +374,7 @@ FIRST_ANCHOR = dims_of(ANCHORS["mamba2_2p7b"])
 
 def test_cases_cover_every_row_and_order_what_the_speedups_need():
     """Every anchor row has ssd_forward for all implementations and each kernel, in both dtypes;
-    within a row and dtype mamba_ssm comes before cuTile's ssd_forward, which comes before the
+    within a row and dtype the peers come before cuTile's ssd_forward, which comes before the
     kernels (speedup and share are computed from medians already recorded); one row's cases
     are contiguous (the inputs are made once per row)."""
     cases = [c.values[0] for c in _cases()]
@@ -342,7 +385,7 @@ def test_cases_cover_every_row_and_order_what_the_speedups_need():
         for dtype in DTYPES.values():
             ops = [(c[5], c[6]) for c in cases if (c[1], c[4]) == (name, dtype)]
             assert ops == [("ssd_forward", i) for i in IMPLS] + [(k, "cutile") for k in KERNELS]
-    assert IMPLS.index("mamba_ssm") < IMPLS.index("cutile")
+    assert all(IMPLS.index(peer) < IMPLS.index("cutile") for peer in PEERS)
     blocks = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
     assert len(blocks) == len(set(blocks))
     swept = sorted(c[2][1] for c in cases

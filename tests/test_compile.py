@@ -28,9 +28,10 @@ from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSig
                                    export_kernel)
 
 from contract import Dims
-from kernels.arrays import index_dtype
+from kernels.arrays import index_dtype, needs_int64
 from kernels.compute_out import compute_out_launch
 from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts
+from kernels.ssd_scan import ssd_scan_launches
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
 
@@ -88,8 +89,9 @@ CONFIGS = [
     ("int64_all_options_chunk64", Dims(1, 2**24, 128, 64, 1, 64, 64), ALL_OPTIONS),
 ]
 
-# the configurations whose standalone compute_out launch (check_D on: ssd_forward checks D in
-# chunk_cumsum instead) is compiled too: one per compute_out kernel object, every option on
+# the configurations whose standalone compute_out and ssd_scan launches (check_D on: ssd_forward
+# checks D in chunk_cumsum instead) are compiled too: one per compute_out kernel object, every
+# option on (ssd_scan: where its arrays stay below 2^31 elements)
 STANDALONE_COMPUTE_OUT = ("all_options_chunk128", "options_but_seq_idx_chunk256",
                           "int64_all_options_chunk256")
 
@@ -109,8 +111,8 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
     """ssd_forward's [(kernel, grid, args)] for these dimensions and options, on stand-ins, on a
     GPU of `sm_count` SMs: the whole batch's launches, then, where such a GPU splits the batch
     (and `split`), its slices' (a slice of one batch element specializes unlike the whole: a unit
-    dimension), then, with `alone`, the standalone compute_out's launch of the whole batch (it
-    checks D itself, check_D)."""
+    dimension), then, with `alone`, the standalone compute_out's and ssd_scan's launches of the
+    whole batch (they check D themselves, check_D)."""
     dtype = opts.get("dtype", "float32")
     a = lambda name: ArraySpec(dims.shape(name), dtype if name in NARROW else "float32")
     optional = {"z": opts.get("z"), "initial_states": opts.get("initial_states"),
@@ -131,6 +133,11 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
     if alone:
         plans.append([compute_out_launch(*arrays.compute_out_arrays(), sm_count,
                                          errors=arrays.errors)])
+        scan = (arrays.x, arrays.B, arrays.C, arrays.dt_out, arrays.dA_cumsum,
+                arrays.initial_states, arrays.D, arrays.z, arrays.seg, arrays.chunk_states,
+                arrays.y, arrays.final_states)
+        if not needs_int64(*scan):
+            plans.append(ssd_scan_launches(*scan, sm_count, errors=arrays.errors))
     return [launch for launches in plans for launch in launches]
 
 
@@ -169,7 +176,7 @@ def signature(kernel, args) -> KernelSignature:
 
 # every kernel object the kernel modules define, by its name there: the int32 and the int64
 # object of a kernel, and one with other compiler hints (occupancy), are compiled on their own
-KERNELS = {name: obj for stage in ("chunk_cumsum", "fwd_pass_state", "compute_out")
+KERNELS = {name: obj for stage in ("chunk_cumsum", "fwd_pass_state", "compute_out", "ssd_scan")
            for name, obj in vars(importlib.import_module(f"kernels.{stage}")).items()
            if isinstance(obj, ct.kernel)}
 KERNEL_NAMES = {id(obj): name for name, obj in KERNELS.items()}

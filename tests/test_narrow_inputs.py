@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import reference as R
-from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
+from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
 from properties.bounds import narrow_output_bound
 from properties.checks import check_close, forward_bounds
 from properties.strategies import Problem
@@ -65,18 +65,26 @@ def test_bfloat16_inputs_on_the_interpreter_within_narrow_bound(case_id):
 
 
 def test_float16_stages_compose_to_ssd_forward():
-    """The three launchers take float16 activations too, and compose to ssd_forward's bits."""
+    """The launchers take float16 activations too: chunk_cumsum and ssd_scan (the interpreter's
+    forward: one SM) compose to ssd_forward's bits, and chunk_cumsum, fwd_pass_state and
+    compute_out to a y and final state within the float16 bound."""
     kw = narrow(make_inputs(BY_ID["all_options_chunk16"]), lambda a: a.astype(np.float16))
     cs = kw["chunk_size"]
     dt_out, dA_cumsum = chunk_cumsum(kw["dt"], kw["A"], cs, **step_options(kw))
+    y_forward, final_forward = ssd_forward(**kw, return_final_states=True)
+    y, final = ssd_scan(kw["x"], kw["B"], kw["C"], dt_out, dA_cumsum, D=kw["D"], z=kw["z"],
+                        initial_states=kw["initial_states"], seq_idx=kw["seq_idx"])
+    assert y.dtype == np.float16 and final.dtype == np.float32
+    assert np.array_equal(y.view(np.uint16), y_forward.view(np.uint16))
+    assert np.array_equal(final.view(np.uint32), final_forward.view(np.uint32))
     chunk_states, final = fwd_pass_state(kw["x"], kw["B"], dt_out, dA_cumsum,
                                          kw["initial_states"], kw["seq_idx"])
     y = compute_out(kw["x"], kw["B"], kw["C"], dt_out, dA_cumsum, chunk_states, D=kw["D"],
                     z=kw["z"], seq_idx=kw["seq_idx"])
     assert y.dtype == np.float16 and chunk_states.dtype == np.float32
-    y_forward, final_forward = ssd_forward(**kw, return_final_states=True)
-    assert np.array_equal(y.view(np.uint16), y_forward.view(np.uint16))
-    assert np.array_equal(final.view(np.uint32), final_forward.view(np.uint32))
+    y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "float16")
+    check_close("y", y, y_ref, y_bound, b.M, p)
+    check_close("final_states", final, final_ref, final_bound, b.final_M, p)
 
 
 @pytest.mark.parametrize("arg", ["B", "C", "z"])

@@ -173,9 +173,11 @@ def test_batch_slices_in_torch_on_its_current_stream():
 
 
 @pytest.mark.parametrize("dims, itemsize, kind, given, parts", [
-    (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "cupy", (), 2),  # 320 state programs on 132 SMs
-    (Dims(4, 4096, 80, 64, 1, 128, 256), 2, "torch", ("z", "initial_states", "seq_idx"), 2),
-    (Dims(4, 4096, 80, 64, 1, 128, 64), 4, "cupy", (), 2),
+    # dstate 256 (two kernels: the scan holds a dstate tile of at most 128): 640 state programs
+    (Dims(4, 4096, 80, 64, 1, 256, 256), 4, "cupy", (), 2),
+    (Dims(4, 4096, 80, 64, 1, 256, 256), 2, "torch", ("z", "initial_states", "seq_idx"), 2),
+    (Dims(4, 4096, 80, 64, 1, 256, 64), 4, "cupy", (), 2),
+    (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "cupy", (), 1),  # the scan: its 320 programs
     (Dims(4, 4096, 80, 64, 1, 128, 256), 4, "numpy", (), 1),  # the interpreter: nothing to overlap
     (Dims(4, 4096, 64, 64, 8, 64, 128), 4, "cupy", (), 1),  # 256 programs: one wave of two per SM
     (Dims(8, 2048, 24, 64, 1, 128, 256), 4, "cupy", (), 1),  # 192
@@ -186,15 +188,16 @@ def test_batch_slices_in_torch_on_its_current_stream():
     (Dims(4, 1001, 81, 64, 1, 128, 256), 4, "cupy", (), 1),
     (Dims(4, 1002, 81, 7, 1, 128, 256), 2, "cupy", (), 1),
     (Dims(4, 1001, 80, 64, 1, 128, 256), 4, "cupy", ("seq_idx",), 1),
-    (Dims(4, 1001, 80, 64, 1, 128, 256), 4, "cupy", (), 2),
-], ids=["mamba2_2p7b", "mamba2_2p7b_bf16_all_options", "chunk_64", "interpreter",
+    (Dims(4, 1001, 80, 64, 1, 256, 256), 4, "cupy", (), 2),
+], ids=["dstate_256", "dstate_256_bf16_all_options", "dstate_256_chunk_64", "mamba2_2p7b_scan",
+        "interpreter",
         "groups_8_one_wave", "mamba2_130m_one_wave", "batch_2_one_wave", "odd_batch",
         "dt_slice_misaligned", "narrow_x_slice_misaligned", "seq_idx_slice_misaligned",
         "seq_idx_absent_aligned"])
 def test_batch_parts_rule(dims, itemsize, kind, given, parts):
-    """On the H200's 132 SMs: slices where the in-order state grid runs past two programs per
-    SM (where they were measured to gain), the batch even and the second slice aligned in every
-    array the call has."""
+    """On the H200's 132 SMs: slices where the call runs the two kernels (not the scan) and the
+    in-order state grid runs past two programs per SM (where they were measured to gain), the
+    batch even and the second slice aligned in every array the call has."""
     assert rules_batch_parts(dims, kind, itemsize, 132, given) == parts
 
 
@@ -206,11 +209,12 @@ def test_batch_parts_must_be_a_positive_int(parts):
 
 
 def test_batch_slices_choose_as_the_whole_batch():
-    """Each slice sizes its grids for its share of the SMs: the Mamba-2 130m row (batch 8, 24
-    heads) on 132 SMs keeps fwd_pass_state in order (192 programs), where a slice of 4 on the
-    whole device would go to chunks in parallel (96 < 132), and the same compute_out layout."""
+    """Each slice sizes its grids for its share of the SMs: batch 8, 12 heads, dstate 256 (two
+    kernels: the scan holds dstate tiles of at most 128) on 132 SMs keeps fwd_pass_state in
+    order (192 programs), where a slice of 4 on the whole device would go to chunks in parallel
+    (96 < 132), and the same compute_out layout."""
     from tests.test_compile import ArraySpec
-    dims = Dims(8, 2048, 24, 64, 1, 128, 256)
+    dims = Dims(8, 2048, 12, 64, 1, 256, 256)
     a = lambda name: ArraySpec(dims.shape(name))  # noqa: E731
     arrays = ForwardArrays(a("x"), a("dt"), a("A"), a("B"), a("C"), None, None, None, None, None,
                            False, (0.0, math.inf), a("dt_out"), a("dA_cumsum"),
