@@ -18,7 +18,7 @@ from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
-from kernels.ssd_scan import scan_runs, ssd_scan_launches
+from kernels.ssd_scan import scan_runs, ssd_scan_launch
 
 # On the GPU an even batch runs as BATCH_PARTS slices of the batch, each its three kernels in
 # order, the second slice on a side stream (Backend.launch_parts), where fwd_pass_state's
@@ -86,7 +86,7 @@ def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=()) -
     the call has (ct.launch specializes kernels on the alignment: a misaligned slice would lose
     TMA loads). `itemsize`: the activations' (x, B, C, z, y); `given`: the optional batch-first
     arrays passed (z, initial_states, seq_idx)."""
-    if kind == "numpy" or dims.batch % BATCH_PARTS or _scans(dims, sm_count, "seq_idx" in given):
+    if kind == "numpy" or dims.batch % BATCH_PARTS or _scans(dims, sm_count):
         return 1
     programs = in_order_programs(dims.batch, dims.nheads, dims.headdim, dims.dstate)
     if programs <= SPLIT_MIN_WAVES * sm_count:
@@ -98,12 +98,11 @@ def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=()) -
     return BATCH_PARTS
 
 
-def _scans(dims, sm_count: int, seq_idx: bool) -> bool:
+def _scans(dims, sm_count: int) -> bool:
     """Whether the call's forward is the scan (kernels.ssd_scan.scan_runs), judged from its
     dimensions alone (a call whose arrays need int64 indices runs the two kernels, unsplit)."""
     stand_in = lambda name: _Slot(name, dims.shape(name), "float32")  # noqa: E731
-    return scan_runs(stand_in("x"), stand_in("B"), stand_in("dt_out"),
-                     stand_in("seq_idx") if seq_idx else None, (), sm_count)
+    return scan_runs(stand_in("x"), stand_in("B"), stand_in("dt_out"), (), sm_count)
 
 
 # every batch-first array of a call without options; z, initial_states, seq_idx where given
@@ -451,8 +450,7 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None) -> list[tuple]
     1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size); it
        checks A, dt_bias and D
     2. where it runs (kernels.ssd_scan.scan_runs), ssd_scan: y and the final state in one pass
-       through the sequence, or through segments of it (their increments in chunk_states,
-       then y); else
+       through the sequence (no chunk_states); else
     2. fwd_pass_state: the state entering every chunk, and the final state (one launch, or two
        when the chunks go in parallel)
     3. compute_out: y (NaN where D is not finite; reported by chunk_cumsum)
@@ -461,10 +459,9 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None) -> list[tuple]
     cumsum = chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
                                  a.dt_limit, errors=a.errors, D=a.D)
     scan_arrays = (a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z, a.seg,
-                   a.chunk_states, a.y, a.final_states)
-    if scan_runs(a.x, a.B, a.dt_out, a.seg, scan_arrays, sm_count):
-        return [cumsum, *ssd_scan_launches(*scan_arrays, sm_count, errors=a.errors,
-                                           check_D=False)]
+                   a.y, a.final_states)
+    if scan_runs(a.x, a.B, a.dt_out, scan_arrays, sm_count):
+        return [cumsum, ssd_scan_launch(*scan_arrays, errors=a.errors, check_D=False)]
     return [
         cumsum,
         *fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,

@@ -40,49 +40,30 @@ CHOICES = tuple(Choice(h, o, p) for h in HEADS for o in OCCUPANCIES for p in BLO
 # program; DECISIONS.md "ssd_scan: program"
 RULES_CHOICE = Choice(1, 2, 64)
 BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
-# the scan runs (ssd_forward) where its grid has SCAN_MIN_WAVES programs per SM or more and the
-# state tile, [BLOCK_P, DSTATE tile], has a dstate tile of at most SCAN_MAX_DSTATE;
-# DECISIONS.md "ssd_forward: one pass or two kernels"
-SCAN_MIN_WAVES = 1
+# the scan runs (ssd_forward) where its grid has SCAN_MIN_WAVES programs per SM or more (each
+# runs through the whole sequence: a grid below that leaves SMs idle, where fwd_pass_state
+# takes the chunks in parallel) and the state tile, [BLOCK_P, DSTATE tile], has a dstate tile of
+# at most SCAN_MAX_DSTATE (measured there only); DECISIONS.md "ssd_forward: one pass or two
+# kernels"
+SCAN_MIN_WAVES = 0.5
 SCAN_MAX_DSTATE = 128
-# below SCAN_MIN_WAVES (and without seq_idx) the sequence is cut into segments of whole chunks,
-# as few as give SEGMENT_WAVES programs per SM: each segment's increment from a zero state in
-# parallel, then each segment's y from the state entering it; DECISIONS.md "ssd_scan: segments"
-SEGMENT_WAVES = 2
 
 
-def _ssd_scan_kernel(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, increments, y,
-                     final_states, errors, CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
+def _ssd_scan_kernel(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, final_states,
+                     errors, CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
                      BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
-                     HEADS: ct.Constant[int], SEGMENT_CHUNKS: ct.Constant[int],
-                     INCREMENTS: ct.Constant[bool], HAS_D: ct.Constant[bool],
+                     HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
                      D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool],
                      CHECK_D: ct.Constant[bool], HAS_INITIAL_STATES: ct.Constant[bool],
                      HAS_SEQ_IDX: ct.Constant[bool]):
     """One program: y and the final state of BLOCK_P headdim columns of HEADS heads of one group
-    and batch, token block by token block; grid (headdim blocks x segments, nheads / HEADS,
-    batch). SEGMENT_CHUNKS 0: one segment, the whole sequence. Else the sequence is cut into
-    segments of SEGMENT_CHUNKS chunks: with INCREMENTS a program takes one segment (all but the
-    last) from a zero state and stores the state after it, its increment, in increments[:, i_seg]
-    (no y); without, a program takes one segment from the state entering it (the initial state
-    and the earlier segments' increments, decayed) to y, and the last segment's the final state.
-    No seq_idx with segments."""
-    i_ps = ct.bid(0)
+    and batch, token block by token block; grid (headdim blocks, nheads / HEADS, batch)."""
+    i_p = ct.bid(0)
     i_hb = ct.bid(1)  # head block: heads i_hb * HEADS ... i_hb * HEADS + HEADS - 1, one group
     i_b = ct.bid(2)
     seqlen = x.shape[1]
     T_PER_CHUNK = CHUNK // BLOCK_T
-    p_blocks = ct.cdiv(x.shape[3], BLOCK_P)
-    i_p = i_ps % p_blocks
-    i_seg = i_ps // p_blocks
     i_g = i_hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
-    t_blocks = ct.cdiv(seqlen, BLOCK_T)
-    if SEGMENT_CHUNKS == 0:
-        t_first = 0
-        t_end = t_blocks
-    else:
-        t_first = i_seg * (SEGMENT_CHUNKS * T_PER_CHUNK)
-        t_end = ct.minimum(t_first + SEGMENT_CHUNKS * T_PER_CHUNK, t_blocks)
 
     # Each head carries its state S, [BLOCK_P, DSTATE] in fp32: before token block i_t it is the
     # state after the block's previous token, and a_before is dA_cumsum there (0 at a chunk's
@@ -100,46 +81,31 @@ def _ssd_scan_kernel(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, incr
     skips = ()  # each head's skip weights (NaN where not finite)
     for i_k in ct.static_iter(range(HEADS)):
         i_h = i_hb * HEADS + i_k
-        if HAS_INITIAL_STATES and not INCREMENTS:
+        if HAS_INITIAL_STATES:
             S = ct.load(initial_states, (i_b, i_h, i_p, 0), shape=(1, 1, BLOCK_P, DSTATE),
                         padding_mode=ct.PaddingMode.ZERO)
             S = ct.reshape(S, (BLOCK_P, DSTATE))
         else:
             S = ct.zeros((BLOCK_P, DSTATE), dtype=ct.float32)
-        if SEGMENT_CHUNKS != 0 and not INCREMENTS:
-            # the state entering segment i_seg: through each earlier segment, S <- S times
-            # the segment's decay (a product of its chunks' decays, each clamped to <= 1) +
-            # the segment's increment
-            for i_e in range(i_seg):
-                decay = ct.ones((1, 1), dtype=ct.float32)
-                for i_c in range(i_e * SEGMENT_CHUNKS, i_e * SEGMENT_CHUNKS + SEGMENT_CHUNKS):
-                    a_end = ct.load(dA_cumsum, (i_b, i_h, i_c, CHUNK - 1), shape=(1, 1, 1, 1))
-                    decay = decay * ct.exp2(ct.minimum(ct.reshape(a_end, (1, 1)), 0.0))
-                increment = ct.load(increments, (i_b, i_e, i_h, i_p, 0),
-                                    shape=(1, 1, 1, BLOCK_P, DSTATE),
-                                    padding_mode=ct.PaddingMode.ZERO)
-                S = S * decay + ct.reshape(increment, (BLOCK_P, DSTATE))
         states += (S,)
         a_befores += (ct.zeros((1, 1), dtype=ct.float32),)  # [1, 1]
-        if HAS_D and not INCREMENTS:
+        if HAS_D:
             skips += (_checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D),)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
     rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
     causal = rows <= cols  # causal: s <= t
 
-    for i_t in range(t_first, t_end):
+    for i_t in range(ct.cdiv(seqlen, BLOCK_T)):
         i_c = i_t // T_PER_CHUNK
         i_tc = i_t % T_PER_CHUNK  # the block's position in its chunk
         Bt = ct.reshape(ct.load(B, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                                 padding_mode=ct.PaddingMode.ZERO), (BLOCK_T, DSTATE))  # [s, n]
         Bt = mma_operand(Bt, B.dtype)
-        if not INCREMENTS:
-            Ct = ct.load(C, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
-                         padding_mode=ct.PaddingMode.ZERO)
-            CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [n, t], C's dtype
-            CtT = mma_operand(CtT_in, C.dtype)
-            cbT = ct.mma(Bt, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
+        Ct = ct.load(C, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
+                     padding_mode=ct.PaddingMode.ZERO)
+        CtT = mma_operand(ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE))), C.dtype)  # [n, t]
+        cbT = ct.mma(Bt, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
         keep = causal
         if HAS_SEQ_IDX:
             seg_t = ct.load(seg, (i_b, i_t), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)
@@ -159,29 +125,28 @@ def _ssd_scan_kernel(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, incr
             xs = ct.load(x, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
                          padding_mode=ct.PaddingMode.ZERO)
             xs = ct.reshape(xs, (BLOCK_T, BLOCK_P))  # [s, P], x's dtype
-            if not INCREMENTS:
-                # the state's term, [BLOCK_P, BLOCK_T]: 2^(a_t - a_before) S . C_t^T; clamp:
-                # rounding must not make the decay > 1
-                acc = ct.mma(mma_operand(states[i_k], x.dtype), CtT,
-                             ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
-                decay_in = ct.exp2(ct.minimum(a_t - a_befores[i_k], 0.0))  # [1, t]
-                if HAS_SEQ_IDX:
-                    decay_in = ct.where(seg_t == seg_before, decay_in, 0.0)
-                acc = acc * decay_in
-                # the block's own term: (dt_s x_s)^T (C_t . B_s^T o L)^T. L^T[s, t] =
-                # 2^(a_t - a_s): a select on a clamped exponent, so 2^(positive) is never formed
-                # above the diagonal and no inf * 0 can appear
-                LT = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
-                acc = ct.mma(mma_operand(ct.transpose(xs), x.dtype),
-                             mma_operand(cbT * LT * dt_s, x.dtype), acc)
-                if HAS_D:  # the block's x is x_t: the skip term reads no more
-                    acc = acc + skips[i_k] * ct.transpose(xs.astype(ct.float32))
-                if HAS_Z:
-                    acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
-                # rows past seqlen and columns past headdim are masked by the store; y has x's
-                # dtype (one rounding of the float32 result for narrow inputs)
-                ct.store(y, (i_b, i_t, i_h, i_p),
-                         ct.reshape(ct.transpose(acc), (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
+            # the state's term, [BLOCK_P, BLOCK_T]: 2^(a_t - a_before) S . C_t^T; clamp:
+            # rounding must not make the decay > 1
+            acc = ct.mma(mma_operand(states[i_k], x.dtype), CtT,
+                         ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
+            decay_in = ct.exp2(ct.minimum(a_t - a_befores[i_k], 0.0))  # [1, t]
+            if HAS_SEQ_IDX:
+                decay_in = ct.where(seg_t == seg_before, decay_in, 0.0)
+            acc = acc * decay_in
+            # the block's own term: (dt_s x_s)^T (C_t . B_s^T o L)^T. L^T[s, t] =
+            # 2^(a_t - a_s): a select on a clamped exponent, so 2^(positive) is never formed
+            # above the diagonal and no inf * 0 can appear
+            LT = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
+            acc = ct.mma(mma_operand(ct.transpose(xs), x.dtype),
+                         mma_operand(cbT * LT * dt_s, x.dtype), acc)
+            if HAS_D:  # the block's x is x_t: the skip term reads no more
+                acc = acc + skips[i_k] * ct.transpose(xs.astype(ct.float32))
+            if HAS_Z:
+                acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
+            # rows past seqlen and columns past headdim are masked by the store; y has x's
+            # dtype (one rounding of the float32 result for narrow inputs)
+            ct.store(y, (i_b, i_t, i_h, i_p),
+                     ct.reshape(ct.transpose(acc), (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
             # the state after the block: a_last is dA_cumsum at its last token (flat over a
             # short chunk's padding, whose x and B are zero)
             a_last = ct.reshape(
@@ -202,17 +167,8 @@ def _ssd_scan_kernel(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, incr
             seg_before = seg_last
 
     for i_k in ct.static_iter(range(HEADS)):
-        S = ct.reshape(states[i_k], (1, 1, BLOCK_P, DSTATE))
-        if INCREMENTS:
-            ct.store(increments, (i_b, i_seg, i_hb * HEADS + i_k, i_p, 0),
-                     ct.reshape(S, (1, 1, 1, BLOCK_P, DSTATE)))
-        elif SEGMENT_CHUNKS == 0:
-            ct.store(final_states, (i_b, i_hb * HEADS + i_k, i_p, 0), S)
-        else:
-            # the last segment's program stores the final state: a loop run once there, never
-            # in the others (i_seg + 1 < segments)
-            for _ in range((i_seg + 1) // ct.cdiv(dt_out.shape[2], SEGMENT_CHUNKS)):
-                ct.store(final_states, (i_b, i_hb * HEADS + i_k, i_p, 0), S)
+        ct.store(final_states, (i_b, i_hb * HEADS + i_k, i_p, 0),
+                 ct.reshape(states[i_k], (1, 1, BLOCK_P, DSTATE)))
 
 
 # The kernel object, int32 indices only (the scan runs where every array has fewer than 2^31
@@ -229,30 +185,16 @@ def _tiles(headdim: int, dstate: int, chunk_size: int, block_p: int) -> tuple[in
             pow2_tile(dstate, lo=MMA_MIN))
 
 
-def segment_chunks(batch: int, nheads: int, headdim: int, nchunks: int, choice: Choice,
-                   seq_idx: bool, sm_count) -> int:
-    """The chunks per segment the rules take: 0 (the whole sequence in one program) where the
-    grid has SCAN_MIN_WAVES programs per SM or more, or with seq_idx; else segments of equal
-    chunks, as few as give SEGMENT_WAVES programs per SM (0 where that is one segment)."""
-    programs = -(-headdim // choice.block_p) * (nheads // choice.heads) * batch
-    if seq_idx or programs >= SCAN_MIN_WAVES * sm_count:
-        return 0
-    segments = min(nchunks, math.ceil(SEGMENT_WAVES * sm_count / programs))
-    chunks = -(-nchunks // segments)
-    return 0 if chunks >= nchunks else chunks
-
-
-def scan_runs(x, B, dt_out, seg, arrays: tuple, sm_count) -> bool:
-    """Whether ssd_forward takes the scan for these arrays (x, B, dt_out, the segment ids or
-    None, and every array the launches would pass): int32 indices, a dstate tile of at most
-    SCAN_MAX_DSTATE, and, with seq_idx (no segments then), the rules' grid at SCAN_MIN_WAVES
-    programs per SM or more."""
+def scan_runs(x, B, dt_out, arrays: tuple, sm_count) -> bool:
+    """Whether ssd_forward takes the scan for these arrays (x, B, dt_out, and every array the
+    launch would pass): int32 indices, a dstate tile of at most SCAN_MAX_DSTATE, and the rules'
+    grid at SCAN_MIN_WAVES programs per SM or more."""
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     _, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]),
                                      RULES_CHOICE.block_p)
     programs = -(-headdim // block_p) * nheads // RULES_CHOICE.heads * batch
-    return (dstate_tile <= SCAN_MAX_DSTATE and not needs_int64(*arrays)
-            and (seg is None or programs >= SCAN_MIN_WAVES * sm_count))
+    return (dstate_tile <= SCAN_MAX_DSTATE and programs >= SCAN_MIN_WAVES * sm_count
+            and not needs_int64(*arrays))
 
 
 def ssd_scan_choices(x, B) -> list[Choice]:
@@ -261,66 +203,43 @@ def ssd_scan_choices(x, B) -> list[Choice]:
     return [c for c in CHOICES if per_group % c.heads == 0]
 
 
-def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, increments, y,
-                      final_states, sm_count, choice: Choice | None = None,
-                      segments: int | None = None, *, errors=None,
-                      check_D: bool = True) -> list[tuple]:
-    """[(kernel, grid, kernel args)] of ssd_scan, in launch order: the one place its tiles, its
-    segments and its kernel object are chosen; `choice` where given (one of ssd_scan_choices,
-    else a ValueError), else the rules'; `segments`: chunks per segment (0: one segment) where
-    given, else the rules' (segment_chunks, by `sm_count`).
+def ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, final_states,
+                    choice: Choice | None = None, *, errors=None, check_D: bool = True):
+    """(kernel, grid, kernel args) of ssd_scan: the one place its tiles and kernel object are
+    chosen; `choice` where given (one of ssd_scan_choices, else a ValueError), else the rules'.
 
     Reads only shapes and dtypes, so the compile gate derives its signatures from here too. `seg`
-    is the (batch, seqlen) int32 segment ids, or None. `increments`: a (batch, nchunks, nheads,
-    headdim, dstate) float32 array, the segments' increments (its first segments - 1 entries are
-    written; None where there is one segment). `errors`: the call's error word (kernels.errors),
-    None only in a launch that is planned, never run. `check_D`: whether a D that is not finite
-    is reported here (its y is NaN either way); ssd_forward checks D in chunk_cumsum instead.
+    is the (batch, seqlen) int32 segment ids, or None. `errors`: the call's error word
+    (kernels.errors), None only in a launch that is planned, never run. `check_D`: whether a D
+    that is not finite is reported here (its y is NaN either way); ssd_forward checks D in
+    chunk_cumsum instead.
     """
     batch, _, nheads, headdim = (int(s) for s in x.shape)
-    nchunks, chunk_size = int(dt_out.shape[2]), int(dt_out.shape[3])
     given = choice is not None
     choice = RULES_CHOICE if choice is None else choice
     if choice not in ssd_scan_choices(x, B):
         raise ValueError(f"{'choice' if given else 'rules choice'}: {choice} is not one that "
                          f"ssd_scan can run on this shape ({ssd_scan_choices.__name__})")
-    if segments is None:
-        segments = segment_chunks(batch, nheads, headdim, nchunks, choice, seg is not None,
-                                  sm_count)
-    if segments and seg is not None:
-        raise ValueError("segments: the scan takes seq_idx in one segment only")
-    if segments and increments is None:
-        raise ValueError("increments: the segments' increments need an array")
-    count = -(-nchunks // segments) if segments else 1
-    block_t, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), chunk_size, choice.block_p)
-    arrays = (x, B, C, dt_out, dA_cumsum, x if initial_states is None else initial_states,
-              x if D is None else D, x if z is None else z, dt_out if seg is None else seg,
-              dt_out if increments is None or not segments else increments, y, final_states,
-              errors)
-    options = (D is not None, D is not None and len(D.shape) == 2, z is not None,
-               D is not None and check_D, initial_states is not None, seg is not None)
-    if needs_int64(*arrays):
+    block_t, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]),
+                                           choice.block_p)
+    args = (x, B, C, dt_out, dA_cumsum, x if initial_states is None else initial_states,
+            x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
+            final_states, errors, int(dt_out.shape[3]), block_t, block_p, dstate_tile,
+            choice.heads, D is not None, D is not None and len(D.shape) == 2, z is not None,
+            D is not None and check_D, initial_states is not None, seg is not None)
+    if needs_int64(*args):
         raise ValueError("ssd_scan: an array of 2^31 elements or more (int32 indices only)")
-    kernel = _KERNELS[choice.occupancy]
-    p_blocks = -(-headdim // block_p)
-    tiles = (chunk_size, block_t, block_p, dstate_tile, choice.heads, segments)
-    launches = []
-    if count > 1:  # every segment's increment but the last's
-        launches.append((kernel, (p_blocks * (count - 1), nheads // choice.heads, batch),
-                         (*arrays, *tiles, True, *options)))
-    launches.append((kernel, (p_blocks * count, nheads // choice.heads, batch),
-                     (*arrays, *tiles, False, *options)))
-    return launches
+    grid = (-(-headdim // block_p), nheads // choice.heads, batch)
+    return _KERNELS[choice.occupancy], grid, args
 
 
 def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, seq_idx=None, *,
-             check_values=None, choice: Choice | None = None, segments: int | None = None):
+             check_values=None, choice: Choice | None = None):
     """(y, final_states) of the caller's array type: y (batch, seqlen, nheads, headdim) in x's
     dtype, final_states (batch, nheads, headdim, dstate) float32. x, B, C, z: float32, bfloat16
     or float16, all alike; the rest float32. `check_values`: as in ssd_forward (a channel with a
     D that is not finite gets NaN). `choice`: the Choice to launch (one of ssd_scan_choices, else
-    a ValueError before any launch) instead of the rules'; `segments`: chunks per segment (0: the
-    whole sequence in one program; none with seq_idx) instead of the rules'."""
+    a ValueError before any launch) instead of the rules'."""
     backend = backend_of(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum, D=D, z=z,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_ssd_scan_args(x, B, C, dt_out, dA_cumsum, D=D, z=z,
@@ -328,21 +247,16 @@ def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, se
                                float_dtypes=("float32",), activation_dtypes=ACTIVATION_DTYPES,
                                check_values=False)
     check_grid(dims.batch, dims.nheads)
-    if segments is not None and not (isinstance(segments, int) and segments >= 0):
-        raise ValueError(f"segments: must be an int >= 0 or None, got {segments!r}")
     x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
     dt_out, dA_cumsum, D, initial_states = (backend.contiguous_float32(a) for a in (
         dt_out, dA_cumsum, D, initial_states))
     seg = backend.segment_ids(seq_idx)
     y = backend.empty(dims.shape("y"), like=x)
     final_states = backend.empty(dims.shape("final_states"))
-    increments = backend.empty(dims.shape("chunk_states"))
     if check_on_host(check_values, backend) and D is not None:
         check_vector_values(D=D)
     word = open_word(backend, "ssd_scan")  # a word left unused by a bad choice stays clear
-    for launch in ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg,
-                                    increments, y, final_states, backend.sm_count, choice,
-                                    segments, errors=word.array):
-        backend.launch(*launch)
+    backend.launch(*ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y,
+                                    final_states, choice, errors=word.array))
     word.close()
     return y, final_states

@@ -97,15 +97,18 @@ C_DT = 100
 DECAY_ETA = 1.0 / 16.0
 
 
-# compute_out's smallest token block: the most block boundaries a chunk's state crosses in the
-# whole_chunks layout is chunk_size / MIN_BLOCK_T
+# compute_out's and ssd_scan's smallest token block: the most block boundaries a chunk's state
+# crosses in the whole_chunks layout is chunk_size / MIN_BLOCK_T; ssd_scan carries its state
+# across every token block of the sequence, seqlen / MIN_BLOCK_T boundaries at most, each a
+# carry (its exp2 and its product) and an accumulator add, as a chunk boundary of fwd_pass_state
 MIN_BLOCK_T = MMA_MIN
 
 
 def accumulation_length(seqlen: int, chunk_size: int, dstate: int) -> int:
     """The number n of fp32 additions on the longest path to one output (see the derivation)."""
     nchunks = -(-seqlen // chunk_size)
-    return seqlen + chunk_size + 2 * dstate + 3 * nchunks + 3 * (chunk_size // MIN_BLOCK_T)
+    return (seqlen + chunk_size + 2 * dstate + 3 * nchunks + 3 * (chunk_size // MIN_BLOCK_T)
+            + 3 * -(-seqlen // MIN_BLOCK_T))
 
 
 def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int,

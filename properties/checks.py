@@ -19,12 +19,15 @@ import numpy as np
 from hypothesis import strategies as st
 
 import reference as R
-from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
+from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
 from kernels.arrays import Backend, gpu_available
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, RULES_BLOCK_T, RULES_OCCUPANCY
 from kernels.compute_out import compute_out_choices
 from kernels.fwd_pass_state import BLOCK_KS, BLOCK_NS, BLOCK_PS, MODES, PASS_BLOCKS
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
+from kernels.ssd_scan import RULES_CHOICE as SCAN_RULES_CHOICE
+from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
+from kernels.ssd_scan import ssd_scan_choices
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
 from properties.profiles import buckets, caps
@@ -306,8 +309,7 @@ def forward_bf16_bound(p: Problem, backend: str) -> dict:
     if y.dtype != ml_dtypes.bfloat16 or final.dtype != np.float32:
         raise AssertionError(f"bfloat16 inputs gave y {y.dtype}, final_states {final.dtype} "
                              f"(want bfloat16, float32)\n  {q.describe()}")
-    wide = q.replace(**{n: None if getattr(q, n) is None else
-                        np.asarray(getattr(q, n), np.float64) for n in ("x", "B", "C", "z")})
+    wide = _wide(q)
     y_ref, final_ref = R.ssd_recurrent(wide.x, wide.dt, wide.A, wide.B, wide.C,
                                        **wide.options())
     b = forward_bounds(wide, operands="bfloat16")
@@ -431,6 +433,50 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
         metrics.append(check_close(
             f"compute_out ({choice.layout}, {choice.heads} heads, occupancy {choice.occupancy}, "
             f"block_t {choice.block_t}) y", y, y_ref, bound + floor, M, p, floor=floor))
+    return _merge(*metrics)
+
+
+def _wide(q: Problem) -> Problem:
+    """q with its activations (x, B, C, z) as float64: the reference of their own values."""
+    return q.replace(**{n: None if getattr(q, n) is None else
+                        np.asarray(getattr(q, n), np.float64) for n in ("x", "B", "C", "z")})
+
+
+def ssd_scan_alone(p: Problem, backend: str) -> dict:
+    """ssd_scan alone (fp32-exact dt_out, dA_cumsum) in every choice the shape allows at the
+    example's occupancy hint, and in bfloat16 (on the GPU as torch tensors) at the rules'
+    choice: y and final_states within the forward's bounds (the scan's roundings are the
+    forward's: accumulation_length counts its state's token blocks)."""
+    dt_out, dA, _ = _exact_upstream(p)
+    occupancy = p.params.get("occupancy", SCAN_RULES_CHOICE.occupancy)
+    args = (p.B, p.C, dt_out, dA)
+    kw = dict(D=p.D, z=p.z, initial_states=p.initial_states, seq_idx=p.seq_idx)
+    y_ref, final_ref = R.ssd_recurrent(p.x, p.dt, p.A, p.B, p.C, **p.options())
+    b = forward_bounds(p)
+    metrics = []
+    for choice in ssd_scan_choices(p.x, p.B):
+        if choice.occupancy != occupancy:
+            continue
+        y, final = _call(ssd_scan, backend, p.x, *args, **kw, choice=choice)
+        name = f"ssd_scan ({choice.heads} heads, block_p {choice.block_p}, occupancy {occupancy})"
+        metrics += [check_close(f"{name} y", y, y_ref, b.y, b.M, p, floor=b.floor),
+                    check_close(f"{name} final_states", final, final_ref, b.final, b.final_M,
+                                p, floor=b.floor)]
+    if not metrics:  # checked nothing
+        raise ValueError(f"ssd_scan_alone: no choice at occupancy {occupancy!r} "
+                         f"(OCCUPANCIES {SCAN_OCCUPANCIES})\n  {p.describe()}")
+    q = _as_bfloat16(p)
+    y, final = _call(ssd_scan, "torch" if backend == "gpu" else backend, q.x, q.B, q.C, dt_out,
+                     dA, D=q.D, z=q.z, initial_states=q.initial_states, seq_idx=q.seq_idx)
+    wide = _wide(q)
+    y_ref, final_ref = R.ssd_recurrent(wide.x, wide.dt, wide.A, wide.B, wide.C,
+                                       **wide.options())
+    b = forward_bounds(wide, operands="bfloat16")
+    metrics += [check_close("ssd_scan bf16 y", y.astype(np.float64), y_ref,
+                            narrow_output_bound(y_ref, b.y, "bfloat16"), b.M, wide,
+                            floor=b.floor),
+                check_close("ssd_scan bf16 final_states", final, final_ref, b.final, b.final_M,
+                            wide, floor=b.floor)]
     return _merge(*metrics)
 
 
@@ -671,6 +717,12 @@ PROPERTIES = {prop.name: prop for prop in [
             dict(shared_heads=True, segments=False, carried=True)))),
         occupancy=lambda p: st.sampled_from(_OCCUPANCIES),
         block_t=lambda p: st.sampled_from(_BLOCK_TS))),
+    # a quarter of the examples wide; at a drawn occupancy hint (each example compiles the
+    # choices at that hint, and the rules' choice in bfloat16)
+    Property("ssd_scan_alone", ssd_scan_alone, lambda: _with(
+        st.one_of(problems(), problems(carried=True), problems(segments=False),
+                  problems(wide=True)),
+        occupancy=lambda p: st.sampled_from(SCAN_OCCUPANCIES))),
     Property("causal_prefix", causal_prefix, lambda: _with(
         problems(min_seqlen=2), t=lambda p: st.integers(0, p.dims.seqlen - 2),
         large=lambda p: st.booleans(), seed=_seeds)),

@@ -39,6 +39,21 @@ class Mutant:
 
 
 CATALOGUE = [
+    Mutant("scan_causal_mask_off_by_one", "kernels/ssd_scan.py",
+           "causal = rows <= cols  # causal: s <= t", "causal = rows <= cols + 1  # causal: s <= t",
+           "the scan: the causal mask lets token t see token t+1"),
+    Mutant("scan_chunk_restart_missing", "kernels/ssd_scan.py",
+           "new_a_befores += (ct.where(i_tc == T_PER_CHUNK - 1, 0.0, a_last),)",
+           "new_a_befores += (a_last,)",
+           "the scan: the state's reference point kept across a chunk boundary, where dA_cumsum "
+           "restarts from 0"),
+    Mutant("scan_carry_missing", "kernels/ssd_scan.py",
+           "new_states += (ct.mma(xw, Bt, states[i_k] * carry),)",
+           "new_states += (ct.mma(xw, Bt, states[i_k]),)",
+           "the scan: the state is carried to the next token block without its decay"),
+    Mutant("scan_reset_missing", "kernels/ssd_scan.py",
+           "carry = ct.where(seg_last == seg_before, carry, 0.0)", "carry = carry",
+           "the scan: the state crosses a seq_idx boundary between token blocks"),
     Mutant("causal_mask_off_by_one", "kernels/compute_out.py",
            "keep = rows <= cols  # causal: s <= t", "keep = rows <= cols + 1  # causal: s <= t",
            "the causal mask lets token t see token t+1"),

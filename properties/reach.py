@@ -8,7 +8,7 @@ per program, the token block, products per chunk, the mode); each option flag. T
 reachable at a profile's caps (`reachable`) come from running the launchers on stand-in arrays
 (a shape and a dtype, no data) over the sizes the strategies can draw (`strategies.drawable`),
 each launch the properties make: the forward by the rules, fwd_pass_state in each mode at the
-rules' and at small tiles, compute_out in each of its choices. `cover` picks a few problems
+rules' and at small tiles, compute_out and ssd_scan in each of their choices. `cover` picks a few problems
 that launch every such class: the property tests run them as explicit examples, so the check
 rests on no drawn example's luck. Classes that need sizes beyond the caps (`beyond_caps`:
 arrays of 2^31 elements or more, the int64-indexed objects) are listed with where they are
@@ -35,11 +35,13 @@ from pathlib import Path
 import cuda.tile as ct
 
 from contract import Dims
-from kernels.arrays import Backend, index_dtype
+from kernels.arrays import Backend, index_dtype, needs_int64
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, compute_out_choices, compute_out_launch
 from kernels.fwd_pass_state import MODES, fwd_pass_state_launches
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from kernels.ssd_forward import ForwardArrays, forward_plan
+from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
+from kernels.ssd_scan import ssd_scan_choices, ssd_scan_launch
 from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices
 from properties.profiles import Caps
 from properties.strategies import drawable
@@ -128,9 +130,23 @@ def _compute_out(a: dict) -> dict:
     return out
 
 
+def _ssd_scan(a: dict) -> dict:
+    x, B = a["x"], a["B"]
+    return {"headdim blocks": _blocks(x.shape[3], a["BLOCK_P"]),
+            "token blocks": _blocks(x.shape[1], a["BLOCK_T"]),
+            "token blocks per chunk": _count(a["CHUNK"] // a["BLOCK_T"]),
+            "chunks": _blocks(x.shape[1], a["CHUNK"]),
+            "dstate tile": "full" if B.shape[3] == a["DSTATE"] else "padded",
+            "heads per program": a["HEADS"],
+            "head blocks per group": _count(x.shape[2] // B.shape[2] // a["HEADS"]),
+            "groups": _count(B.shape[2]), "D": ("channel" if a["D_PER_HEADDIM"] else "head")
+            if a["HAS_D"] else "none", "z": a["HAS_Z"],
+            "initial_states": a["HAS_INITIAL_STATES"], "seq_idx": a["HAS_SEQ_IDX"]}
+
+
 CLASSES_OF = {"_chunk_cumsum_kernel": _chunk_cumsum, "_fwd_pass_state_kernel": _fwd_pass_state,
               "_state_pass_kernel": _state_pass, "_compute_out_kernel": _compute_out,
-              "_compute_out_chunk_kernel": _compute_out}
+              "_compute_out_chunk_kernel": _compute_out, "_ssd_scan_kernel": _ssd_scan}
 
 
 def classes(kernel, grid, args) -> set[str]:
@@ -182,7 +198,8 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
     """The launches one property kind makes on a problem: "forward" (ssd_forward by the rules),
     "fwd_pass_state_alone" (each mode at each tile set of FWD_PASS_STATE_TILES),
     "compute_out_alone" (its choices at `params`' occupancy and token block, as
-    properties.checks.compute_out_alone runs them; every choice where params is None)."""
+    properties.checks.compute_out_alone runs them; every choice where params is None),
+    "ssd_scan_alone" (its choices at `params`' occupancy; all where params is None)."""
     a = _arrays(d, opts)
     if kind == "forward":
         return [launch for part in forward_plan(a, sm_count, 1) for launch in part]
@@ -193,6 +210,12 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
                 for launch in fwd_pass_state_launches(
                     a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg, a.chunk_states,
                     a.final_states, sm_count, rules._replace(mode=mode, **tiles))]
+    if kind == "ssd_scan_alone":  # int32 indices only: none at 2^31 elements
+        scan = (a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z, a.seg, a.y,
+                a.final_states)
+        return [] if needs_int64(*scan) else [
+            ssd_scan_launch(*scan, c, errors=a.errors) for c in ssd_scan_choices(a.x, a.B)
+            if params is None or c.occupancy == params["occupancy"]]
     choices = compute_out_choices(*a.compute_out_arrays())
     if params is not None:
         choices = compute_out_alone_choices(choices, params)
@@ -203,11 +226,11 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
 def launches(d: Dims, opts: dict, sm_count: int):
     """Every launch the properties make on a problem of these dimensions and options: the
     forward by the rules, fwd_pass_state in each mode and tile set (FWD_PASS_STATE_TILES),
-    compute_out in each of its choices."""
+    compute_out and ssd_scan in each of their choices."""
     return [launch for kind in KINDS for launch in kind_launches(kind, d, opts, sm_count)]
 
 
-KINDS = ("forward", "fwd_pass_state_alone", "compute_out_alone")
+KINDS = ("forward", "fwd_pass_state_alone", "compute_out_alone", "ssd_scan_alone")
 
 
 def _sizes(cap: int) -> list[int]:
@@ -243,13 +266,13 @@ def _problems(c: Caps):
 @functools.lru_cache
 def _candidates(c: Caps, sm_count: int) -> tuple:
     """((kind, dims, options, params), classes) of every problem the strategies can draw under
-    caps `c` (_problems), for each property kind and compute_out_alone's params."""
+    caps `c` (_problems), for each property kind and its params (KIND_PARAMS)."""
     found = []
     for d, opts in _problems(c):
         if not drawable(d, c) or (opts.get("seq_idx") and d.seqlen < 2):
             continue
         for kind in KINDS:
-            for params in (COMPUTE_OUT_PARAMS if kind == "compute_out_alone" else (None,)):
+            for params in KIND_PARAMS.get(kind, (None,)):
                 launched = set()
                 for launch in kind_launches(kind, d, opts, sm_count, params):
                     launched |= classes(*launch)
@@ -319,8 +342,11 @@ def _stored(what: str, c: Caps, sm_count: int, compute):
     return value
 
 
-# the occupancy hint and token block a compute_out_alone example may draw
+# the occupancy hint and token block a compute_out_alone example may draw, the occupancy hint an
+# ssd_scan_alone example may draw
 COMPUTE_OUT_PARAMS = tuple(dict(occupancy=o, block_t=t) for o in OCCUPANCIES for t in BLOCK_TS)
+KIND_PARAMS = {"compute_out_alone": COMPUTE_OUT_PARAMS,
+               "ssd_scan_alone": tuple(dict(occupancy=o) for o in SCAN_OCCUPANCIES)}
 
 
 def beyond_caps(sm_count: int) -> set[str]:

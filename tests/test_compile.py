@@ -31,7 +31,7 @@ from contract import Dims
 from kernels.arrays import index_dtype, needs_int64
 from kernels.compute_out import compute_out_launch
 from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts
-from kernels.ssd_scan import ssd_scan_launches
+from kernels.ssd_scan import ssd_scan_launch
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
 
@@ -134,10 +134,10 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
         plans.append([compute_out_launch(*arrays.compute_out_arrays(), sm_count,
                                          errors=arrays.errors)])
         scan = (arrays.x, arrays.B, arrays.C, arrays.dt_out, arrays.dA_cumsum,
-                arrays.initial_states, arrays.D, arrays.z, arrays.seg, arrays.chunk_states,
-                arrays.y, arrays.final_states)
+                arrays.initial_states, arrays.D, arrays.z, arrays.seg, arrays.y,
+                arrays.final_states)
         if not needs_int64(*scan):
-            plans.append(ssd_scan_launches(*scan, sm_count, errors=arrays.errors))
+            plans.append([ssd_scan_launch(*scan, errors=arrays.errors)])
     return [launch for launches in plans for launch in launches]
 
 

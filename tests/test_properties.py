@@ -37,6 +37,11 @@ def test_compute_out_alone_within_tf32_bound(problem, backend, reach):
     check("compute_out_alone", problem, backend, reach)
 
 
+@given(problem=PROPERTIES["ssd_scan_alone"].strategy())
+def test_ssd_scan_alone_within_forward_bounds(problem, backend, reach):
+    check("ssd_scan_alone", problem, backend, reach)
+
+
 @given(problem=PROPERTIES["chunk_cumsum_alone"].strategy())
 def test_chunk_cumsum_alone_within_bound(problem, backend, reach):
     check("chunk_cumsum_alone", problem, backend, reach)
@@ -118,7 +123,7 @@ def test_linearity_in_x(problem, backend, reach):
 # One test each, so that pytest-xdist spreads them over its processes.
 COVER = cover(caps(), 1) if caps().reach else ()
 COVER_PROPERTY = {"forward": "forward_tf32_bound", "fwd_pass_state_alone": "fwd_pass_state_alone",
-                  "compute_out_alone": "compute_out_alone"}
+                  "compute_out_alone": "compute_out_alone", "ssd_scan_alone": "ssd_scan_alone"}
 
 
 @pytest.mark.parametrize("kind, dims, options, params", COVER,

@@ -130,14 +130,14 @@ def test_fuzzer_reproducer_of_planted_bug_replays(tmp_path):
     out = tmp_path / "fuzz"
     run = [sys.executable, "-m", "properties.fuzz", "--minutes", "0.5", "--backend",
            "interpreter", "--out", str(out), "--properties", "causal_prefix",
-           "--mutant", "causal_mask_off_by_one"]
+           "--mutant", "scan_causal_mask_off_by_one"]
     assert subprocess.run(run, cwd=REPO).returncode == 1
     summary = json.loads((out / "summary.json").read_text())
     command = summary["failures"]["causal_prefix"].split()
     assert command[:3] == ["python", "-m", "properties.replay"]
     replay = [sys.executable, *command[1:]]
     assert subprocess.run(replay, cwd=REPO).returncode == 1  # the planted bug reproduces
-    fixed = [a for a in replay if a not in ("--mutant", "causal_mask_off_by_one")]
+    fixed = [a for a in replay if a not in ("--mutant", "scan_causal_mask_off_by_one")]
     assert subprocess.run(fixed, cwd=REPO).returncode == 0  # the real kernel passes it
 
 

@@ -97,13 +97,13 @@ def test_record_counts_the_launches_of_each_property_and_restores_launch():
     assert Backend.launch is launch
     ssd_forward(**kw)  # outside the block: not recorded
     launched = record.as_dict()["launched"]
-    assert launched["_compute_out_kernel: D = head"] == {"forward": 1}
+    assert launched["_ssd_scan_kernel: D = head"] == {"forward": 1}  # one SM: the scan
     assert launched["_chunk_cumsum_kernel: chunks = 3+/partial"] == {"forward": 1}
     assert record.sm_counts == {1} and record.properties() == {"forward"}
     other = Record()
     other.merge(record.as_dict())
     other.merge(record.as_dict())
-    assert other.as_dict()["launched"]["_compute_out_kernel: D = head"] == {"forward": 2}
+    assert other.as_dict()["launched"]["_ssd_scan_kernel: D = head"] == {"forward": 2}
 
 
 def test_the_check_names_every_class_never_launched_and_cannot_pass_on_nothing():
@@ -115,8 +115,8 @@ def test_the_check_names_every_class_never_launched_and_cannot_pass_on_nothing()
     small = dataclasses.replace(CI, batch=1, seqlen=40, nheads=2, headdim=8, dstate=8,
                                 chunk_sizes=(16,), wide_cost=0)
     missing, table = record.check(small)
-    assert "_compute_out_kernel: D = head" in missing  # the options were never on
-    assert "_compute_out_kernel: D = none" not in missing
+    assert "_ssd_scan_kernel: D = head" in missing  # the options were never on
+    assert "_ssd_scan_kernel: D = none" not in missing
     assert "MISSING" in table and "forward" in table
     missing, _ = Record().check(small)
     assert len(missing) == len(reachable(small, 1))
