@@ -29,6 +29,8 @@ compulsory traffic: x is read twice and the chunk states go through memory):
     fwd_pass_state: read x, B, dt_out, dA_cumsum, write chunk_states (b nchunks h p n) and
                     final_states (b h p n)
     compute_out:    read x, B, C, dt_out, dA_cumsum, chunk_states (+ D, z), write y
+    ssd_scan:       read x, B, C, dt_out, dA_cumsum (+ D, z), write y and final_states; its
+                    FLOP are the forward's (the state passing in the carry of each block)
 
 Floor: max(FLOP / peak, bytes / bandwidth) with the H200 ceilings measured in the spec:
 361 TFLOP/s TF32 (fp32 inputs), 684 TFLOP/s bf16/fp16, 4.2 TB/s device-to-device copy.
@@ -45,7 +47,7 @@ BANDWIDTH = 4.2e12  # bytes/s, H200 device-to-device copy
 STATE_ITEMSIZE = 4  # dt, A, D, dt_bias, states, dA_cumsum stay fp32
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-OPS = ("ssd_forward", "chunk_cumsum", "fwd_pass_state", "compute_out")
+OPS = ("ssd_forward", "chunk_cumsum", "fwd_pass_state", "compute_out", "ssd_scan")
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,10 @@ def work(op: str, dims: Dims, dtype: str = "float32", *, D: str | None = "nheads
                     + (state_bytes if final_states else 0))
     if op == "chunk_cumsum":
         return Work(0.0, dt_bytes + 2 * h * s + 2 * chunk_vec_bytes)
+    if op == "ssd_scan":
+        return Work(cb + intra + chunk_states + carried + passing,
+                    x_bytes + 2 * bc_bytes + 2 * chunk_vec_bytes + d_bytes + z_bytes + x_bytes
+                    + state_bytes)
     if op == "fwd_pass_state":
         return Work(chunk_states + passing,
                     x_bytes + bc_bytes + 2 * chunk_vec_bytes

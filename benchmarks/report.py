@@ -3,11 +3,12 @@
     python -m benchmarks.report BENCH.json
 
 One line per anchor row and dtype: cuTile's ssd_forward median (as called by default, and with
-check_values=False: no host read of A and D), mamba_ssm's and the torch baseline's from the same
-run, the speedups over mamba_ssm, the target and whether it is met (by either call), % of the
+check_values=False: no host read of A and D), mamba_ssm's, flash-linear-attention's and the torch
+baseline's from the same run, the speedups over mamba_ssm and over fla, the target and whether it is met (by either call), % of the
 roofline floor, how the default call was timed ("latency": from an idle GPU, host time
 included; "gpu, N starved": GPU time, N rounds of which waited for the host; benchmarks/timing.py),
-and the per-kernel medians (their share of ssd_forward without the value read in parentheses).
+and the per-kernel medians (their share of ssd_forward without the value read in parentheses:
+the forward runs chunk_cumsum and either ssd_scan or fwd_pass_state and compute_out).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 
 from benchmarks.configs import ANCHORS
 
-KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")
+KERNELS = ("chunk_cumsum", "ssd_scan", "fwd_pass_state", "compute_out")
 
 
 def _ms(b) -> str:
@@ -42,19 +43,22 @@ def table(benchmarks: list[dict]) -> str:
     if not found:
         raise ValueError("no anchor benchmark in the JSON")
     lines = ["| row | config | dtype | cuTile ms | cuTile ms, no value read | mamba_ssm ms "
-             "| torch ms | speedup | speedup, no value read | target ms | met | % of floor "
-             "| timing | chunk_cumsum | fwd_pass_state | compute_out |",
-             "|" + "---|" * 16]
+             "| fla ms | torch ms | speedup | speedup, no value read | speedup over fla "
+             "| target ms | met | % of floor | timing | " + " | ".join(KERNELS) + " |",
+             "|" + "---|" * (14 + len(KERNELS))]
     for name, config in ANCHORS.items():
         for dtype in sorted({k[1] for k in found if k[0] == name}):
             ours = found.get((name, dtype, "ssd_forward", "cutile"))
             nocheck = found.get((name, dtype, "ssd_forward", "cutile_nocheck"))
             mamba = found.get((name, dtype, "ssd_forward", "mamba_ssm"))
             torch = found.get((name, dtype, "ssd_forward", "torch"))
+            fla = found.get((name, dtype, "ssd_forward", "fla"))
             info = ours["extra_info"] if ours else {}
             speedup, speedup_nocheck = (
                 f"{mamba['stats']['median'] / b['stats']['median']:.2f}x" if b and mamba else "-"
                 for b in (ours, nocheck))
+            over_fla = (f"{fla['stats']['median'] / ours['stats']['median']:.2f}x"
+                        if ours and fla else "-")
             met = {True: "yes", False: "no"}.get(info.get("meets_target"), "-")
             if nocheck and "meets_target" in nocheck["extra_info"]:
                 met += " / " + ("yes" if nocheck["extra_info"]["meets_target"] else "no")
@@ -66,8 +70,8 @@ def table(benchmarks: list[dict]) -> str:
             pct = f"{info['pct_of_floor']:.0f}" if "pct_of_floor" in info else "-"
             lines.append(
                 f"| {name} | {', '.join(map(str, config))} | {dtype} | {_ms(ours)} "
-                f"| {_ms(nocheck)} | {_ms(mamba)} | {_ms(torch)} | {speedup} | {speedup_nocheck} "
-                f"| {info.get('target_ms', '-')} | {met} | {pct} "
+                f"| {_ms(nocheck)} | {_ms(mamba)} | {_ms(fla)} | {_ms(torch)} | {speedup} "
+                f"| {speedup_nocheck} | {over_fla} | {info.get('target_ms', '-')} | {met} | {pct} "
                 f"| {_timing(info)} | " + " | ".join(kernels) + " |")
     return "\n".join(lines)
 

@@ -9,11 +9,13 @@
     python -m benchmarks.sweep --tune [--rows ...]
 
 Rows are benchmarks.configs.ANCHORS (float32, D per head). Each kernel module declares the launch
-choices it can take, CHOICES (kernels/chunk_cumsum.py, fwd_pass_state.py, compute_out.py), and the
-one its rules pick for a shape and device, rules_choice; the sweep launches each choice by passing
+choices it can take, CHOICES (kernels/chunk_cumsum.py, fwd_pass_state.py, compute_out.py,
+ssd_scan.py), and the one its rules pick for a shape and device (rules_choice; ssd_scan's
+RULES_CHOICE); the sweep launches each choice by passing
 it to the kernel's launcher (`choice=`), so nothing is patched.
 
-Default: for each row and kernel (chunk_cumsum, fwd_pass_state, compute_out), the rules' choice
+Default: for each row and kernel (chunk_cumsum, fwd_pass_state, compute_out, ssd_scan), the rules'
+choice
 (marked `rules`, timed first: the reference) and every declared choice one field away from it that
 the shape can run (compute_out: those in compute_out_choices; fwd_pass_state: those whose mode
 modes(chunk_size) allows). A choice that makes the same launches as one timed before it (a field
@@ -23,7 +25,7 @@ choices (any the shape can run) after the rules'; kernels it names no choice of 
 Choices are labelled by their fields in order: `h16` (chunk_cumsum: block_h),
 `in_order/k128/p64/n128/occ2/pass32` (fwd_pass_state: mode, block_k, block_p, block_n, occupancy,
 "default" for the compiler's, pass_block), `whole_chunks/h2/occ2/t64` (compute_out: layout,
-heads, occupancy, block_t).
+heads, occupancy, block_t), `scan/h1/occ2/p64` (ssd_scan: heads, occupancy, block_p).
 
 Each choice's outputs are compared with the rules' choice's: rel = max |diff| / max |reference|
 (inf where a NaN appears; the outputs are NaN-filled before the launch; TF32 rounding moves them
@@ -71,17 +73,19 @@ from benchmarks.configs import ANCHORS, dims_of, row_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 
-KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")
+KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out", "ssd_scan")
 # a label's prefix of each of the kernel's Choice fields, in field order
 LABEL_PREFIXES = {
     "chunk_cumsum": ("h",),  # block_h
     "fwd_pass_state": ("", "k", "p", "n", "occ", "pass"),  # mode, block_k/p/n, occupancy, pass
     "compute_out": ("", "h", "occ", "t"),  # layout, heads, occupancy, block_t
+    "ssd_scan": ("scan/h", "occ", "p"),  # heads, occupancy, block_p
 }
 # each kernel's outputs (NaN-filled before every launch, compared with the reference's)
 OUTPUTS = {"chunk_cumsum": ("dt_out", "dA_cumsum"),
            "fwd_pass_state": ("chunk_states", "final_states"),
-           "compute_out": ("y",)}
+           "compute_out": ("y",),
+           "ssd_scan": ("y", "final_states")}
 # Ablations: (name, textual edits [(old, new, count)]) that leave one stage out, timed beside the
 # committed kernel; each edit must match the source exactly `count` times.
 # fwd_pass_state: the chunk_states store of the chunks in order (where the rules run the chunks
@@ -190,6 +194,10 @@ def launches_of(kernel: str, mod, a: dict, sm_count, choice) -> list:
         return list(mod.fwd_pass_state_launches(a["x"], a["B"], a["dt_out"], a["dA_cumsum"], None,
                                                 None, a["chunk_states"], a["final_states"],
                                                 sm_count, choice=choice))
+    if kernel == "ssd_scan":
+        return [mod.ssd_scan_launch(a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], None,
+                                    a["D"], None, None, a["y"], a["final_states"], choice,
+                                    errors=a["errors"], check_D=False)]
     return [mod.compute_out_launch(*compute_out_arrays(a), sm_count, choice=choice,
                                    errors=a["errors"], check_D=False)]
 
@@ -205,6 +213,8 @@ def rules_and_runnable(kernel: str, a: dict, sm_count) -> tuple:
     mod = kernel_module(kernel)
     if kernel == "chunk_cumsum":
         return mod.rules_choice(), list(mod.CHOICES)
+    if kernel == "ssd_scan":
+        return mod.RULES_CHOICE, mod.ssd_scan_choices(a["x"], a["B"])
     if kernel == "fwd_pass_state":
         batch, _, nheads, headdim = a["x"].shape
         dstate, chunk_size = a["B"].shape[3], a["dt_out"].shape[3]

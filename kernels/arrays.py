@@ -22,6 +22,9 @@ import numpy as np
 import cuda.tile as ct
 from cuda.tile._stub import ArrayAnnotation
 
+from kernels.constants import ERROR_D
+from kernels.constants import LOG2E  # the z gate's sigmoid is taken with exp2 too
+
 
 def gpu_available() -> bool:
     """True when a CUDA device can be used (getDeviceCount raises, not 0, without a driver)."""
@@ -322,6 +325,40 @@ def mma_operand(t, dtype):
     if dtype == ct.bfloat16:
         return t.astype(ct.bfloat16)
     return t.astype(ct.float32).astype(ct.tfloat32)
+
+def head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
+    """Head i_h's skip weights for headdim block i_p: [BLOCK_P, 1] per channel, else [1, 1]."""
+    if D_PER_HEADDIM:
+        skip = ct.load(D, (i_h, i_p), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
+        skip = ct.reshape(skip, (BLOCK_P, 1))
+    else:
+        skip = ct.reshape(ct.load(D, (i_h,), shape=(1,)), (1, 1))
+    return skip
+
+
+def checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D):
+    """head_D's skip weights, NaN where one is not finite (NaN fails the comparison too), so
+    that every y it feeds is NaN (NaN x 0 is NaN, where inf x 0 would be NaN and inf x 1 inf).
+    With CHECK_D, ERROR_D is OR-ed into errors[0] where one is not finite (only by a program
+    that has one: index 1 is out of bounds); without, the call checks D elsewhere
+    (ssd_forward: in chunk_cumsum, where the atomic costs no time)."""
+    skip = head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM)
+    finite = ct.abs(skip) < math.inf
+    if CHECK_D:
+        flags = ct.max(ct.where(finite, 0, ERROR_D))
+        ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags)
+    return ct.where(finite, skip, math.nan)
+
+
+def z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P):
+    """y^T [BLOCK_P, BLOCK_T] of head i_h's token block i_t times its gate z * sigmoid(z)."""
+    zt = ct.load(z, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
+                 padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)  # narrow z: widened, exact
+    zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
+    # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is inf and
+    # the gate is -0, its limit
+    return acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
+
 
 # The grid's 2nd and 3rd axes (nheads, batch in every launcher) are limited to 65535 by CUDA.
 GRID_YZ_MAX = 65535

@@ -18,10 +18,8 @@ import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_compute_out_args, check_vector_values, dtype_name
 from kernels import tuning_table
-from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, mma_operand,
-                           needs_int64, pow2_tile)
-from kernels.constants import ERROR_D
-from kernels.constants import LOG2E  # the z gate's sigmoid is taken with exp2 too
+from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
+                           mma_operand, needs_int64, pow2_tile, z_gated)
 from kernels.errors import check_on_host, open_word
 
 # Program layouts. "token_blocks" (_compute_out_kernel): a program per token block, looping over
@@ -71,40 +69,6 @@ WHOLE_CHUNK_DSTATE = 128
 WHOLE_CHUNK_MIN_WAVES = 2
 
 
-def _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
-    """Head i_h's skip weights for headdim block i_p: [BLOCK_P, 1] per channel, else [1, 1]."""
-    if D_PER_HEADDIM:
-        skip = ct.load(D, (i_h, i_p), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
-        skip = ct.reshape(skip, (BLOCK_P, 1))
-    else:
-        skip = ct.reshape(ct.load(D, (i_h,), shape=(1,)), (1, 1))
-    return skip
-
-
-def _checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D):
-    """_head_D's skip weights, NaN where one is not finite (NaN fails the comparison too), so
-    that every y it feeds is NaN (NaN x 0 is NaN, where inf x 0 would be NaN and inf x 1 inf).
-    With CHECK_D, ERROR_D is OR-ed into errors[0] where one is not finite (only by a program
-    that has one: index 1 is out of bounds); without, the call checks D elsewhere
-    (ssd_forward: in chunk_cumsum, where the atomic costs no time)."""
-    skip = _head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM)
-    finite = ct.abs(skip) < math.inf
-    if CHECK_D:
-        flags = ct.max(ct.where(finite, 0, ERROR_D))
-        ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags)
-    return ct.where(finite, skip, math.nan)
-
-
-def _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P):
-    """y^T [BLOCK_P, BLOCK_T] of head i_h's token block i_t times its gate z * sigmoid(z)."""
-    zt = ct.load(z, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
-                 padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)  # narrow z: widened, exact
-    zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
-    # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is inf and
-    # the gate is -0, its limit
-    return acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
-
-
 def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.IndexedWithInt64,
                         dt_out: ct.IndexedWithInt64, dA_cumsum: ct.IndexedWithInt64,
                         chunk_states: ct.IndexedWithInt64, D, z: ct.IndexedWithInt64,
@@ -132,7 +96,7 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     skips = ()
     for i_k in ct.static_iter(range(HEADS)):
         if HAS_D:
-            skips += (_checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors,
+            skips += (checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors,
                                  CHECK_D),)
 
     # Each head accumulates y^T, [BLOCK_P, BLOCK_T]: its products take the state, B_s or x
@@ -216,7 +180,7 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
                          padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
             acc = acc + skips[i_k] * ct.transpose(ct.reshape(xt, (BLOCK_T, BLOCK_P)))
         if HAS_Z:
-            acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
+            acc = z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
         # rows past seqlen and columns past headdim are masked by the store; y has x's dtype
         # (one rounding of the float32 result for narrow inputs)
         yt = ct.transpose(acc)  # [BLOCK_T, BLOCK_P]
@@ -265,7 +229,7 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
     skips = ()  # each head's skip weights (NaN where not finite), read once per program
     for i_k in ct.static_iter(range(HEADS)):
         if HAS_D:
-            skips += (_checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors,
+            skips += (checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors,
                                  CHECK_D),)
     rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
@@ -307,7 +271,7 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
             if HAS_D:  # the block's x is x_t: the skip term reads no more
                 acc = acc + skips[i_k] * xsT
             if HAS_Z:
-                acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
+                acc = z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
             # rows past seqlen and columns past headdim are masked by the store
             ct.store(y, (i_b, i_t, i_h, i_p),
                      ct.reshape(ct.transpose(acc), (1, BLOCK_T, 1, BLOCK_P)))

@@ -1,4 +1,4 @@
-"""ssd_forward: the Mamba-2 SSD forward, the three kernels composed (drop-in for the forward of
+"""ssd_forward: the Mamba-2 SSD forward, the kernels composed (drop-in for the forward of
 mamba_ssm's mamba_chunk_scan_combined, same argument order)."""
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
 from kernels.ssd_scan import scan_runs, ssd_scan_launch
 
-# On the GPU an even batch runs as BATCH_PARTS slices of the batch, each its three kernels in
-# order, the second slice on a side stream (Backend.launch_parts), where fwd_pass_state's
-# in-order grid for the whole batch has more than SPLIT_MIN_WAVES programs per SM: its last wave
-# then leaves SMs idle, which the other slice's compute_out takes. A split call takes more host
+# On the GPU an even batch that runs the three kernels (not the scan) runs as BATCH_PARTS slices
+# of the batch, each its three kernels in order, the second slice on a side stream
+# (Backend.launch_parts), where fwd_pass_state's in-order grid for the whole batch has more than
+# SPLIT_MIN_WAVES programs per SM: its last wave then leaves SMs idle, which the other slice's
+# compute_out takes. A split call takes more host
 # time, so it is kept to where it pays (benchmarks/DECISIONS.md "ssd_forward: batch slices").
 # Each slice sizes its grids for its share of the SMs, so it chooses the tiles and modes the
 # whole batch would (its index width may narrow to int32 where the slice stays below 2^31
@@ -100,7 +101,8 @@ def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=()) -
 
 def _scans(dims, sm_count: int) -> bool:
     """Whether the call's forward is the scan (kernels.ssd_scan.scan_runs), judged from its
-    dimensions alone (a call whose arrays need int64 indices runs the two kernels, unsplit)."""
+    dimensions alone, as for float32 inputs (past SPLIT_MIN_WAVES every dtype's scan runs; a
+    call whose arrays need int64 indices runs the two kernels, unsplit)."""
     stand_in = lambda name: _Slot(name, dims.shape(name), "float32")  # noqa: E731
     return scan_runs(stand_in("x"), stand_in("B"), stand_in("dt_out"), (), sm_count)
 

@@ -16,10 +16,9 @@ from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import ACTIVATION_DTYPES, check_ssd_scan_args, check_vector_values
-from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, mma_operand,
-                           needs_int64, pow2_tile)
-from kernels.compute_out import _checked_D, _z_gated
+from contract import ACTIVATION_DTYPES, check_ssd_scan_args, check_vector_values, dtype_name
+from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
+                           mma_operand, needs_int64, pow2_tile, z_gated)
 from kernels.errors import check_on_host, open_word
 
 HEADS = (1, 2)  # heads of one group per program: C B^T, which they share, is formed once
@@ -41,16 +40,22 @@ CHOICES = tuple(Choice(h, o, p) for h in HEADS for o in OCCUPANCIES for p in BLO
 RULES_CHOICE = Choice(1, 2, 64)
 BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
 # the scan runs (ssd_forward) where its grid has SCAN_MIN_WAVES programs per SM or more (each
-# runs through the whole sequence: a grid below that leaves SMs idle, where fwd_pass_state
-# takes the chunks in parallel) and the state tile, [BLOCK_P, DSTATE tile], has a dstate tile of
+# runs through the whole sequence: a smaller grid leaves SMs idle, where fwd_pass_state takes
+# the chunks in parallel), by the inputs' dtype (bfloat16 products: half a wave pays; the rest
+# as float32, measured there), and the state tile, [BLOCK_P, DSTATE tile], has a dstate tile of
 # at most SCAN_MAX_DSTATE (measured there only); DECISIONS.md "ssd_forward: one pass or two
 # kernels"
-SCAN_MIN_WAVES = 0.5
+SCAN_MIN_WAVES = {"bfloat16": 0.5}
+SCAN_MIN_WAVES_OTHERS = 1.0
 SCAN_MAX_DSTATE = 128
 
 
-def _ssd_scan_kernel(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, final_states,
-                     errors, CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
+def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.IndexedWithInt64,
+                     dt_out: ct.IndexedWithInt64, dA_cumsum: ct.IndexedWithInt64,
+                     initial_states: ct.IndexedWithInt64, D, z: ct.IndexedWithInt64,
+                     seg: ct.IndexedWithInt64, y: ct.IndexedWithInt64,
+                     final_states: ct.IndexedWithInt64, errors,
+                     CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
                      BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
                      HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
                      D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool],
@@ -90,7 +95,7 @@ def _ssd_scan_kernel(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, f
         states += (S,)
         a_befores += (ct.zeros((1, 1), dtype=ct.float32),)  # [1, 1]
         if HAS_D:
-            skips += (_checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D),)
+            skips += (checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D),)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
     rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
@@ -142,7 +147,7 @@ def _ssd_scan_kernel(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, f
             if HAS_D:  # the block's x is x_t: the skip term reads no more
                 acc = acc + skips[i_k] * ct.transpose(xs.astype(ct.float32))
             if HAS_Z:
-                acc = _z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
+                acc = z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P)
             # rows past seqlen and columns past headdim are masked by the store; y has x's
             # dtype (one rounding of the float32 result for narrow inputs)
             ct.store(y, (i_b, i_t, i_h, i_p),
@@ -172,8 +177,9 @@ def _ssd_scan_kernel(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, f
 
 
 # The kernel object, int32 indices only (the scan runs where every array has fewer than 2^31
-# elements); by occupancy hint, each made once here (an object made per call would be
-# dispatched anew)
+# elements: kernels.arrays.int32_indexed of the function, whose ct.IndexedWithInt64 arrays mark
+# what an int64 object would index in int64); by occupancy hint, each made once here (an object
+# made per call would be dispatched anew)
 _ssd_scan = ct.kernel(int32_indexed(_ssd_scan_kernel), occupancy=RULES_CHOICE.occupancy)
 _KERNELS = {occ: _ssd_scan if occ == RULES_CHOICE.occupancy
             else _ssd_scan.replace_hints(occupancy=occ) for occ in OCCUPANCIES}
@@ -188,12 +194,13 @@ def _tiles(headdim: int, dstate: int, chunk_size: int, block_p: int) -> tuple[in
 def scan_runs(x, B, dt_out, arrays: tuple, sm_count) -> bool:
     """Whether ssd_forward takes the scan for these arrays (x, B, dt_out, and every array the
     launch would pass): int32 indices, a dstate tile of at most SCAN_MAX_DSTATE, and the rules'
-    grid at SCAN_MIN_WAVES programs per SM or more."""
+    grid at SCAN_MIN_WAVES programs per SM or more for x's dtype."""
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     _, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]),
                                      RULES_CHOICE.block_p)
     programs = -(-headdim // block_p) * nheads // RULES_CHOICE.heads * batch
-    return (dstate_tile <= SCAN_MAX_DSTATE and programs >= SCAN_MIN_WAVES * sm_count
+    waves = SCAN_MIN_WAVES.get(dtype_name(x), SCAN_MIN_WAVES_OTHERS)
+    return (dstate_tile <= SCAN_MAX_DSTATE and programs >= waves * sm_count
             and not needs_int64(*arrays))
 
 

@@ -8,8 +8,8 @@ per program, the token block, products per chunk, the mode); each option flag. T
 reachable at a profile's caps (`reachable`) come from running the launchers on stand-in arrays
 (a shape and a dtype, no data) over the sizes the strategies can draw (`strategies.drawable`),
 each launch the properties make: the forward by the rules, fwd_pass_state in each mode at the
-rules' and at small tiles, compute_out and ssd_scan in each of their choices. `cover` picks a few problems
-that launch every such class: the property tests run them as explicit examples, so the check
+rules' and at small tiles, compute_out and ssd_scan in each of their choices. `cover` picks a
+few problems that launch every such class: the property tests run them as explicit examples, so the check
 rests on no drawn example's luck. Classes that need sizes beyond the caps (`beyond_caps`:
 arrays of 2^31 elements or more, the int64-indexed objects) are listed with where they are
 tested instead.

@@ -52,10 +52,11 @@ REDUCED_HEADS_PER_GROUP = 2
 IMPLS = ("mamba_ssm", "fla", "torch", "cutile", "cutile_nocheck")
 PEERS = ("mamba_ssm", "fla")  # the speedups are taken over these
 CUTILE_FORWARDS = {"cutile": None, "cutile_nocheck": False}  # impl -> check_values
-KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")  # timed after the row's ssd_forward
+# timed after the row's ssd_forward: the forward's kernels, the scan's and the two kernels'
+KERNELS = ("chunk_cumsum", "ssd_scan", "fwd_pass_state", "compute_out")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-# the names under which the cuTile forward and its kernels (composed) are checked
-CUTILE_IMPLS = ("cutile", "cutile kernels")
+# the names under which the cuTile forward, its two kernels composed and the scan are checked
+CUTILE_IMPLS = ("cutile", "cutile kernels", "cutile scan")
 
 
 def _cases():
@@ -243,8 +244,10 @@ def _row(config, dtype) -> Row:
 def _cutile(row, op, check_values=None):
     """(check failure or None, the timed call) of `op` of the cuTile kernels on `row`.
 
-    The kernels are checked through their composition (chunk_cumsum -> fwd_pass_state ->
-    compute_out gives y and final_states), outputs NaN-filled; a timed kernel's inputs are
+    The kernels are checked through their compositions (chunk_cumsum -> fwd_pass_state ->
+    compute_out, and chunk_cumsum -> ssd_scan, each give y and final_states; on the GPU the
+    reduced problem's forward runs the two kernels, its grid below half a wave), outputs
+    NaN-filled; a timed kernel's inputs are
     computed once, before timing, by the kernels before it. A timed kernel runs with
     check_values=False: its vectors were checked with the composition, and the value read would
     put a host synchronisation inside the timed span (a starved round) of a kernel whose GPU
@@ -263,6 +266,10 @@ def _cutile(row, op, check_values=None):
         chunk_states, final_states = kernels.fwd_pass_state(x, B, dt_out, dA_cumsum)
         return kernels.compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=D), final_states
 
+    def scan(x, dt, A, B, C, D):
+        dt_out, dA_cumsum = kernels.chunk_cumsum(dt, A, Q)
+        return kernels.ssd_scan(x, B, C, dt_out, dA_cumsum, D=D)
+
     def nan_filled(f):
         def call(**inputs):
             with outputs_filled_with(math.nan):
@@ -273,6 +280,11 @@ def _cutile(row, op, check_values=None):
     f = row.full
     if op == "ssd_forward":
         return failure, lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])
+    if op == "ssd_scan":
+        failure = row.check(CUTILE_IMPLS[2], nan_filled(scan))
+        dt_out, dA_cumsum = kernels.chunk_cumsum(f["dt"], f["A"], Q)
+        return failure, lambda: kernels.ssd_scan(f["x"], f["B"], f["C"], dt_out, dA_cumsum,
+                                                 D=f["D"], check_values=False)
     failure = row.check(CUTILE_IMPLS[1], nan_filled(pipeline))
     if op == "chunk_cumsum":
         return failure, lambda: kernels.chunk_cumsum(f["dt"], f["A"], Q, check_values=False)
@@ -407,11 +419,14 @@ def test_perf_model_first_anchor_matches_spec_counts():
 
 
 def test_perf_model_kernels_partition_the_products():
-    """chunk_cumsum + fwd_pass_state + compute_out do exactly ssd_forward's matrix products."""
+    """chunk_cumsum + fwd_pass_state + compute_out, and chunk_cumsum + ssd_scan, do exactly
+    ssd_forward's matrix products."""
     for config in list(ANCHORS.values()) + [(2, 1000, 6, 32, 16, 3, 64)]:
         dims = dims_of(config)
-        total = sum(perf_model.work(k, dims).flop for k in KERNELS)
-        assert total == perf_model.work("ssd_forward", dims).flop
+        for path in (("chunk_cumsum", "fwd_pass_state", "compute_out"),
+                     ("chunk_cumsum", "ssd_scan")):
+            total = sum(perf_model.work(k, dims).flop for k in path)
+            assert total == perf_model.work("ssd_forward", dims).flop
 
 
 def test_perf_model_short_last_chunk_counts_its_tokens_only():
@@ -1039,11 +1054,13 @@ def test_report_table_of_the_anchor_rows(tmp_path, capsys):
     def bench(op, impl, ms, **info):
         return {"extra_info": {"series": "anchor", "row": "mamba2_2p7b", "dtype": "float32",
                                "op": op, "impl": impl, **info}, "stats": {"median": ms * 1e-3}}
-    rows = [bench("ssd_forward", "mamba_ssm", 1.2), bench("ssd_forward", "torch", 17.0),
+    rows = [bench("ssd_forward", "mamba_ssm", 1.2), bench("ssd_forward", "fla", 0.8),
+            bench("ssd_forward", "torch", 17.0),
             bench("ssd_forward", "cutile", 0.4, target_ms=0.36, meets_target=False,
                   pct_of_floor=45.4, timing="latency"),
             bench("ssd_forward", "cutile_nocheck", 0.3, target_ms=0.36, meets_target=True),
             bench("chunk_cumsum", "cutile", 0.01, share_of_ssd_forward_pct=2.5),
+            bench("ssd_scan", "cutile", 0.28, share_of_ssd_forward_pct=93.3),
             bench("fwd_pass_state", "cutile", 0.15, share_of_ssd_forward_pct=37.5),
             bench("compute_out", "cutile", 0.25, share_of_ssd_forward_pct=62.5)]
     path = tmp_path / "bench.json"
@@ -1053,8 +1070,9 @@ def test_report_table_of_the_anchor_rows(tmp_path, capsys):
     assert len(lines) == 3  # header, rule, the one row present
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells == ["mamba2_2p7b", "4, 4096, 80, 64, 128, 1, 256", "float32", "0.400", "0.300",
-                     "1.200", "17.000", "3.00x", "4.00x", "0.36", "no / yes", "45", "latency",
-                     "0.010 (2 %)", "0.150 (38 %)", "0.250 (62 %)"]
+                     "1.200", "0.800", "17.000", "3.00x", "4.00x", "2.00x", "0.36", "no / yes",
+                     "45", "latency", "0.010 (2 %)", "0.280 (93 %)", "0.150 (38 %)",
+                     "0.250 (62 %)"]
 
 
 PLOT_SCALES = {("cutile", "float32"): 0.3, ("cutile", "bfloat16"): 0.35,

@@ -81,6 +81,9 @@ CONFIGS = [
     ("options_but_seq_idx_chunk256", Dims(2, 1000, 8, 64, 2, 128, 256),
      dict(ALL_OPTIONS, seq_idx=False)),
     ("no_options_chunk256", Dims(1, 300, 4, 64, 1, 100, 256), dict()),
+    # dstate 256 at chunk 256: the two kernels where the scan runs elsewhere (one SM), so
+    # fwd_pass_state runs in order in 128-token products (its two-per-SM object)
+    ("dstate_256_chunk256", Dims(2, 1000, 8, 64, 1, 256, 256), dict(D="head")),
     # 2^31 elements in dt (2^37 in x): the int64-indexed kernel objects, every option off (in
     # float16) and on, at chunk 256 and at chunk 64 (fwd_pass_state's other object)
     ("int64_chunk256_fp16", Dims(1, 2**24, 128, 64, 1, 128, 256), dict(dtype="float16")),
@@ -91,9 +94,12 @@ CONFIGS = [
 
 # the configurations whose standalone compute_out and ssd_scan launches (check_D on: ssd_forward
 # checks D in chunk_cumsum instead) are compiled too: one per compute_out kernel object, every
-# option on (ssd_scan: where its arrays stay below 2^31 elements)
+# option on (ssd_scan: where its arrays stay below 2^31 elements), and compute_out's program per
+# chunk with D per head and with no option (the forward takes the scan wherever that layout
+# would pay: it runs standalone, or tuned)
 STANDALONE_COMPUTE_OUT = ("all_options_chunk128", "options_but_seq_idx_chunk256",
-                          "int64_all_options_chunk256")
+                          "int64_all_options_chunk256", "mamba2_2p7b_chunk256",
+                          "no_options_chunk256")
 
 # the arrays in the inputs' dtype (options' "dtype", default float32); every other one is float32
 NARROW = ("x", "B", "C", "z", "y")
