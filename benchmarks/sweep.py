@@ -25,7 +25,7 @@ choices (any the shape can run) after the rules'; kernels it names no choice of 
 Choices are labelled by their fields in order: `h16` (chunk_cumsum: block_h),
 `in_order/k128/p64/n128/occ2/pass32` (fwd_pass_state: mode, block_k, block_p, block_n, occupancy,
 "default" for the compiler's, pass_block), `whole_chunks/h2/occ2/t64` (compute_out: layout,
-heads, occupancy, block_t), `scan/h1/occ2/p64` (ssd_scan: heads, occupancy, block_p).
+heads, occupancy, block_t), `scan_h1/occ2/p64` (ssd_scan: heads, occupancy, block_p).
 
 Each choice's outputs are compared with the rules' choice's: rel = max |diff| / max |reference|
 (inf where a NaN appears; the outputs are NaN-filled before the launch; TF32 rounding moves them
@@ -79,7 +79,7 @@ LABEL_PREFIXES = {
     "chunk_cumsum": ("h",),  # block_h
     "fwd_pass_state": ("", "k", "p", "n", "occ", "pass"),  # mode, block_k/p/n, occupancy, pass
     "compute_out": ("", "h", "occ", "t"),  # layout, heads, occupancy, block_t
-    "ssd_scan": ("scan/h", "occ", "p"),  # heads, occupancy, block_p
+    "ssd_scan": ("scan_h", "occ", "p"),  # heads, occupancy, block_p
 }
 # each kernel's outputs (NaN-filled before every launch, compared with the reference's)
 OUTPUTS = {"chunk_cumsum": ("dt_out", "dA_cumsum"),

@@ -96,23 +96,19 @@ def _fla():
     return chunk_simple_gla
 
 
-def _fla_forward(row):
-    """(forward(x, dt, A, B, C, D) -> (y, final_states), timed(inputs)) of flash-linear-attention
-    on `row`: q = C and k = B expanded to every head of their group, v = x dt in x's dtype, the
-    log decays g = dt A; y = o + D x. `timed` is the core alone (chunk_simple_gla), on inputs
-    prepared once by `prepare`."""
+def _fla_forward():
+    """(forward(x, dt, A, B, C, D) -> (y, final_states), prepare, core) of
+    flash-linear-attention (benchmarks.peers: fla_inputs, fla_core): y = o + D x; `core` is the
+    timed call, on inputs `prepare` makes once."""
+    from benchmarks.peers import fla_core, fla_inputs
     gla = _fla()
     torch = _torch()
 
     def prepare(x, dt, A, B, C, D):
-        per_group = x.shape[2] // B.shape[2]
-        return {"q": C.repeat_interleave(per_group, dim=2).contiguous(),
-                "k": B.repeat_interleave(per_group, dim=2).contiguous(),
-                "v": (x.float() * dt[..., None]).to(x.dtype).contiguous(),
-                "g": (dt * A).contiguous()}
+        return fla_inputs(x, dt, A, B, C)
 
     def core(q, k, v, g):
-        return gla(q, k, v, g=g, scale=1.0, output_final_state=True)
+        return fla_core(gla, q, k, v, g)
 
     def forward(x, dt, A, B, C, D):
         o, final = core(**prepare(x, dt, A, B, C, D))
@@ -302,7 +298,7 @@ def _comparator(row, impl):
         pytest.skip("torch with CUDA is not installed: no side-by-side comparator")
     f = row.full
     if impl == "fla":
-        forward, prepare, core = _fla_forward(row)
+        forward, prepare, core = _fla_forward()
         inputs = prepare(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])
         return row.check(impl, forward), lambda: core(**inputs)
     if impl == "mamba_ssm":
@@ -858,6 +854,8 @@ def _sweep_runnable(sweep, kernel, config):
     if kernel == "fwd_pass_state":
         return (mod.rules_choice(batch, nheads, headdim, dstate, chunk, SWEEP_SM_COUNT),
                 [c for c in mod.CHOICES if c.mode in mod.modes(chunk)])
+    if kernel == "ssd_scan":
+        return mod.RULES_CHOICE, mod.ssd_scan_choices(a["x"], a["B"])
     arrays = sweep.compute_out_arrays(a)
     return (mod.rules_choice(a["x"], a["B"], a["dt_out"], None, False, SWEEP_SM_COUNT),
             mod.compute_out_choices(*arrays))
@@ -940,7 +938,7 @@ def test_sweep_labels_are_unique_stable_and_parse_back():
     from benchmarks import sweep
     found = sweep.labels()
     modules = {kernel: sweep.kernel_module(kernel) for kernel in sweep.KERNELS}
-    chunk_cumsum, fwd_pass_state, compute_out = modules.values()
+    chunk_cumsum, fwd_pass_state, compute_out, ssd_scan = modules.values()
     assert len(found) == sum(len(m.CHOICES) for m in modules.values())
     for kernel, mod in modules.items():
         for choice in mod.CHOICES:
@@ -952,6 +950,7 @@ def test_sweep_labels_are_unique_stable_and_parse_back():
     assert sweep.label("fwd_pass_state", fwd_pass_state.Choice(
         "in_order", 128, 64, 128, None, 32)) == "in_order/k128/p64/n128/occdefault/pass32"
     assert sweep.label("chunk_cumsum", chunk_cumsum.Choice(16)) == "h16"
+    assert sweep.label("ssd_scan", ssd_scan.Choice(1, 2, 64)) == "scan_h1/occ2/p64"
     with pytest.raises(ValueError, match="closest: token_blocks/h2/occ2/t64"):
         sweep.choice_of("token_blocks/h2/occ2/t65")
 

@@ -1,0 +1,108 @@
+"""cuTile's ssd_forward beside mamba_ssm and flash-linear-attention on the anchor rows, in one
+process (GPU only; torch, and each peer where it imports).
+
+    python -m benchmarks.peers [--rows mamba2_2p7b,long_seq] [--dtype bfloat16] [--reps 10]
+
+Each row's inputs are benchmarks.configs.row_inputs (D per head, final states returned), x, B, C
+in --dtype. Timed: ssd_forward as called by default; mamba_ssm's mamba_chunk_scan_combined;
+flash-linear-attention's chunk_simple_gla, the core of the same recurrence, on inputs prepared
+before the timing (fla_inputs: q and k are C and B expanded to every head of their group, v is
+x dt, g the log decays dt A; its y lacks the D x term). Each round runs behind an L2 flush and a
+~1 ms GPU sleep (so the host's enqueueing is hidden), timed with CUDA events; the median of
+--reps rounds, in ms. The full benchmark (checks against the reference, every kernel, the gate)
+is `python -m pytest -m benchmark`; this is its peers' table alone, quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from benchmarks.configs import ANCHORS, row_inputs
+
+SLEEP_CYCLES = 1_500_000  # ~1 ms of GPU time before each round
+FLUSH_BYTES = 512 * 2**20
+
+
+def fla_inputs(x, dt, A, B, C) -> dict:
+    """chunk_simple_gla's q, k, v, g for a Mamba-2 forward's torch inputs (see the module doc)."""
+    per_group = x.shape[2] // B.shape[2]
+    return {"q": C.repeat_interleave(per_group, dim=2).contiguous(),
+            "k": B.repeat_interleave(per_group, dim=2).contiguous(),
+            "v": (x.float() * dt[..., None]).to(x.dtype).contiguous(),
+            "g": (dt * A).contiguous()}
+
+
+def fla_core(chunk_simple_gla, q, k, v, g):
+    """(o, final state (batch, nheads, dstate, headdim)) of chunk_simple_gla on fla_inputs."""
+    return chunk_simple_gla(q, k, v, g=g, scale=1.0, output_final_state=True)
+
+
+def gpu_ms(fn, reps: int) -> float:
+    """Median ms of fn() over reps rounds, each behind an L2 flush and a GPU sleep."""
+    import torch
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    events = []
+    for _ in range(reps):
+        flush.zero_()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def row_calls(name: str, dtype: str) -> dict:
+    """{implementation: call} of one row: cuTile, and each peer that imports."""
+    import torch
+    import kernels
+    config = ANCHORS[name]
+    chunk_size = config[-1]
+    a = {k: torch.from_dlpack(v) for k, v in row_inputs(config).items()}
+    for k in ("x", "B", "C"):
+        a[k] = a[k].to(getattr(torch, dtype))
+    args = (a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size)
+    calls = {"cutile": lambda: kernels.ssd_forward(*args, D=a["D"], return_final_states=True)}
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception as e:  # ImportError, or a broken triton/torch install under it
+        print(f"mamba_ssm not timed ({type(e).__name__}: {e})")
+    else:
+        calls["mamba_ssm"] = lambda: mamba_chunk_scan_combined(*args, D=a["D"],
+                                                               return_final_states=True)
+    try:
+        from fla.ops.simple_gla.chunk import chunk_simple_gla
+    except Exception as e:
+        print(f"flash-linear-attention not timed ({type(e).__name__}: {e})")
+    else:
+        inputs = fla_inputs(a["x"], a["dt"], a["A"], a["B"], a["C"])
+        calls["fla"] = lambda: fla_core(chunk_simple_gla, **inputs)
+    return calls
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default=",".join(ANCHORS))
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args(argv)
+    rows = args.rows.split(",")
+    unknown = [r for r in rows if r not in ANCHORS]
+    if unknown:
+        parser.error(f"--rows: unknown rows {unknown}; known: {', '.join(ANCHORS)}")
+    print(f"| row | dtype | cuTile ms | mamba_ssm ms | fla ms |\n|---|---|---|---|---|")
+    for name in rows:
+        times = {impl: gpu_ms(call, args.reps) for impl, call in row_calls(name, args.dtype).items()}
+        cells = [f"{times[i]:.3f}" if i in times else "-" for i in ("cutile", "mamba_ssm", "fla")]
+        print(f"| {name} | {args.dtype} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
