@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     unknown = [r for r in rows if r not in ANCHORS]
     if unknown:
         parser.error(f"--rows: unknown rows {unknown}; known: {', '.join(ANCHORS)}")
-    print(f"| row | dtype | cuTile ms | mamba_ssm ms | fla ms |\n|---|---|---|---|---|")
+    print("| row | dtype | cuTile ms | mamba_ssm ms | fla ms |\n|---|---|---|---|---|")
     for name in rows:
         times = {impl: gpu_ms(call, args.reps) for impl, call in row_calls(name, args.dtype).items()}
         cells = [f"{times[i]:.3f}" if i in times else "-" for i in ("cutile", "mamba_ssm", "fla")]

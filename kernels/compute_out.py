@@ -10,7 +10,6 @@ measured reason of each rule: benchmarks/DECISIONS.md, under the titles named be
 from __future__ import annotations
 
 import functools
-import math
 
 from typing import NamedTuple
 
@@ -308,6 +307,7 @@ _KERNELS = {(lay, int64, RULES_OCCUPANCY): k for lay, int64, k in (
 _KERNELS.update({(lay, int64, occ): k.replace_hints(occupancy=occ)
                  for (lay, int64, _), k in list(_KERNELS.items())
                  for occ in OCCUPANCIES if occ != RULES_OCCUPANCY})
+KERNEL_OBJECTS = tuple(_KERNELS.values())  # every compute_out launch runs one of these
 
 
 def heads_per_program(heads_per_group: int, max_heads: int) -> int:

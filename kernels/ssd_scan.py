@@ -4,14 +4,13 @@ x, B and C are read once and no chunk state goes through memory (fwd_pass_state 
 in one kernel). It pays where those programs fill the GPU; elsewhere ssd_forward runs the two
 kernels, whose chunks go in parallel.
 
-The declared choices (CHOICES) are what the launcher may run: its rules pick one (rules_choice),
+The declared choices (CHOICES) are what the launcher may run: its rules pick one (RULES_CHOICE),
 benchmarks.sweep times the others. The measured reason of each rule: benchmarks/DECISIONS.md,
 under the titles named below.
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import cuda.tile as ct

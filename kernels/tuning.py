@@ -21,8 +21,8 @@ import math
 
 from contract import check_vector_values
 from kernels.arrays import backend_of
-from kernels.compute_out import (Choice, compute_out_choices, compute_out_launch,
-                                 compute_out_signature)
+from kernels.compute_out import (KERNEL_OBJECTS, Choice, compute_out_choices,
+                                 compute_out_launch, compute_out_signature)
 from kernels.errors import scratch_word
 from kernels.ssd_forward import ForwardPart, forward_launches, prepare_forward
 from kernels.tuning_table import device_key, record
@@ -43,7 +43,8 @@ def tune_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initi
     arrays: CuPy or torch CUDA), remember the fastest per launch signature for this device, and
     return {signature: cuda.tile.tune.TuningResult}. Arguments are checked as ssd_forward checks
     them; the search runs the forward's first two kernels to give compute_out real inputs, then
-    times each choice (compiling it first: seconds per choice on a first run)."""
+    times each choice (compiling it first: seconds per choice on a first run). Where the forward
+    runs the scan (kernels.ssd_scan) it launches no compute_out: nothing is searched, {}."""
     if backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                   initial_states=initial_states, seq_idx=seq_idx).kind == "numpy":
         raise TypeError("x: tune_forward times kernels on the GPU: pass CuPy arrays or torch "
@@ -56,9 +57,10 @@ def tune_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initi
 
 
 def tune_parts(backend, key: str, parts: list[ForwardPart], search_fn) -> dict:
-    """tune_forward's search over a forward's parts (ssd_forward.forward_parts): each part's
-    chunk_cumsum and fwd_pass_state run, then its compute_out signature, where this call has not
-    searched it yet, is searched with `search_fn(stream, launch_of, choices)` (search's
+    """tune_forward's search over a forward's parts (ssd_forward.forward_parts): each part that
+    runs the three kernels (not the scan, which launches no compute_out) runs its chunk_cumsum
+    and fwd_pass_state, then its compute_out signature, where this call has not searched it
+    yet, is searched with `search_fn(stream, launch_of, choices)` (search's
     signature) on the arrays' device and current stream, and its best choice recorded for
     device `key`."""
     results = {}
@@ -67,7 +69,10 @@ def tune_parts(backend, key: str, parts: list[ForwardPart], search_fn) -> dict:
         word = scratch_word(backend)  # the values were checked on the host
         for part in parts:
             part = part._replace(arrays=dataclasses.replace(part.arrays, errors=word))
-            for kernel, grid, args in forward_launches(*part)[:-1]:
+            launches = forward_launches(*part)
+            if launches[-1][0] not in KERNEL_OBJECTS:  # the scan: no compute_out to tune
+                continue
+            for kernel, grid, args in launches[:-1]:
                 backend.launch(kernel, grid, args)
             arrays = part.arrays.compute_out_arrays()
             signature = compute_out_signature(*arrays)

@@ -10,8 +10,8 @@ import pytest
 import reference as R
 from contract import Dims
 from kernels import compute_out, interpreter, ssd_forward, tuning, tuning_table
-from kernels.arrays import backend_of
-from kernels.compute_out import (_KERNELS, BLOCK_TS, Choice, compute_out_choices,
+from kernels.arrays import Backend, backend_of
+from kernels.compute_out import (_KERNELS, Choice, compute_out_choices,
                                  compute_out_launch, compute_out_signature)
 from kernels.ssd_forward import ForwardArrays, forward_launches, forward_parts
 from properties.bounds import KAPPA
@@ -24,6 +24,17 @@ pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 H200_SMS = 132
 # float32, chunk 128 of two token blocks, 4 heads of one group, dstate 16: every choice exists
 SMALL = Case("tuning_small", 2, 150, 4, 16, 1, 16, 128, D="head")
+
+
+@pytest.fixture
+def h200_interpreter(monkeypatch):
+    """The interpreter sizes its grids as for the H200's SMs (it has one), so that SMALL's
+    forward runs the three kernels, as on the GPU, not the scan; no launch plan of another SM
+    count is kept."""
+    import importlib
+    forward_module = importlib.import_module("kernels.ssd_forward")
+    monkeypatch.setattr(Backend, "sm_count", property(lambda self: H200_SMS))
+    monkeypatch.setattr(forward_module, "_PLANS", {})
 
 
 @pytest.fixture(autouse=True)
@@ -162,19 +173,20 @@ def test_compute_out_launches_a_given_choice_and_refuses_one_it_cannot_run(reque
     assert not launches
 
 
-def _parts(kw: dict, parts: int) -> list:
-    """ssd_forward's forward_parts for make_inputs' `kw` (D, no other option) in `parts` slices,
-    outputs NaN-filled."""
+def _parts(kw: dict, parts: int, sm_count: int = H200_SMS) -> list:
+    """ssd_forward's forward_parts for make_inputs' `kw` (D, no other option) in `parts` slices
+    on a device of `sm_count` SMs, outputs NaN-filled."""
     dims = Dims(SMALL.batch, SMALL.seqlen, SMALL.nheads, SMALL.headdim, SMALL.ngroups,
                 SMALL.dstate, SMALL.chunk_size)
     outputs = [np.full(dims.shape(n), np.nan, np.float32)
                for n in ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")]
     arrays = ForwardArrays(kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], kw["D"], None, None,
                            None, None, False, (0.0, np.inf), *outputs)
-    return forward_parts(arrays, 1, parts)
+    return forward_parts(arrays, sm_count, parts)
 
 
-def test_tune_parts_searches_each_signature_once_and_ssd_forward_takes_it(request):
+def test_tune_parts_searches_each_signature_once_and_ssd_forward_takes_it(request,
+                                                                           h200_interpreter):
     """The search flow on the interpreter with a stand-in search: compute_out's inputs are
     computed before it searches (finite), two batch slices of one signature are searched once,
     the pick is recorded for the device, and the forward's launches then take it (the wiring
@@ -200,6 +212,21 @@ def test_tune_parts_searches_each_signature_once_and_ssd_forward_takes_it(reques
     part = _parts(kw, 2)[0]
     assert forward_launches(*part)[-1][0] is not _KERNELS["whole_chunks", False, 2]
     assert forward_launches(*part, tuned=table)[-1][0] is _KERNELS["whole_chunks", False, 2]
+
+
+def test_tune_parts_searches_nothing_where_the_forward_runs_the_scan():
+    """On one SM SMALL's forward is the scan: no compute_out is launched, none is searched, and
+    nothing but chunk_cumsum's and the scan's launches is made."""
+    kw = make_inputs(SMALL)
+    (part,) = _parts(kw, 1, sm_count=1)
+    names = [k._pyfunc.__name__ for k, _, _ in forward_launches(*part)]
+    assert names == ["_chunk_cumsum_kernel", "_ssd_scan_kernel"]
+
+    def search(stream, launch_of, choices):
+        raise AssertionError("searched a compute_out the forward does not launch")
+
+    assert tuning.tune_parts(backend_of(x=kw["x"]), "test device", [part], search) == {}
+    assert tuning_table._table("test device") == {}
 
 
 def test_tuning_file_round_trip(tmp_path, monkeypatch):
@@ -236,7 +263,8 @@ def _small_reference(kw: dict):
     return y_ref, forward_bounds(Problem(**kw))
 
 
-def test_ssd_forward_and_compute_out_launch_the_tuned_choice(monkeypatch, request):
+def test_ssd_forward_and_compute_out_launch_the_tuned_choice(monkeypatch, request,
+                                                            h200_interpreter):
     """The wiring: with a tuned choice in the device's table (the interpreter made to have one),
     ssd_forward and compute_out launch it instead of the rules', and y stays within bounds."""
     from shapes import recorded_launches
