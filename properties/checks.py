@@ -110,8 +110,8 @@ def _call(kernel, backend: str, *args, **kwargs):
 def forward(p: Problem, backend: str):
     """(y, final_states) of ssd_forward on the backend (on the GPU, a problem in bfloat16 runs
     on torch tensors, every array alike: CuPy has no bfloat16)."""
-    if backend == "gpu" and p.x.dtype == ml_dtypes.bfloat16:
-        backend = "torch"
+    if p.x.dtype == ml_dtypes.bfloat16:
+        backend = _narrow_backend(backend)
     return _call(ssd_forward, backend, p.x, p.dt, p.A, p.B, p.C, p.chunk_size,
                  return_final_states=True, **p.options())
 
@@ -374,7 +374,8 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     parallel then the pass: the rules pick one by the grid and the chunk size, `choice` forces
     each), with the rules' tiles and with small declared ones (FWD_PASS_STATE_TILES: several
     blocks of each dimension in small problems): chunk_states and final_states within
-    kappa('fwd_pass_state') u M."""
+    kappa('fwd_pass_state') u M; and in bfloat16 (x, B rounded to it; the reference of their
+    values) at the rules' choice, within kappa of bfloat16 operands."""
     d = p.dims
     dt_out, dA, _ = _exact_upstream(p)
     states_ref, final_ref = R.fwd_pass_state_ref(p.x, p.B, dt_out, dA, p.initial_states,
@@ -393,7 +394,27 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
                         states_ref, tf32_bound(states_M, k) + floor, states_M, p, floor=floor),
             check_close(f"fwd_pass_state ({mode}, {name} tiles) final_states", final, final_ref,
                         tf32_bound(final_M, k) + floor, final_M, p, floor=floor)]
+    # bfloat16 x and B (the reference of their values) at the rules' choice: w o x rounded to
+    # bfloat16 before its product
+    q = _as_bfloat16(p)
+    wide = _wide(q)
+    dt_out, dA, _ = _exact_upstream(wide)
+    refs = R.fwd_pass_state_ref(wide.x, wide.B, dt_out, dA, wide.initial_states, wide.seq_idx)
+    mags = R.fwd_pass_state_magnitude(wide.x, wide.B, dt_out, dA, wide.initial_states,
+                                      wide.seq_idx)
+    k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate, "bfloat16")
+    floor = _floor(wide, dt_out, *mags)
+    outs = _call(fwd_pass_state, _narrow_backend(backend), q.x, q.B, dt_out, dA,
+                 q.initial_states, q.seq_idx)
+    for what, out, ref, M in zip(("chunk_states", "final_states"), outs, refs, mags):
+        metrics.append(check_close(f"fwd_pass_state bf16 {what}", out, ref,
+                                   tf32_bound(M, k) + floor, M, wide, floor=floor))
     return _merge(*metrics)
+
+
+def _narrow_backend(backend: str) -> str:
+    """The backend of a call with bfloat16 arrays: torch tensors on the GPU (CuPy has none)."""
+    return "torch" if backend == "gpu" else backend
 
 
 def compute_out_alone_choices(runnable: list, params: dict) -> list:
@@ -414,7 +435,9 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
     """compute_out alone (fp32-exact dt_out, dA_cumsum, chunk_states) in every choice it can run
     on the shape (compute_out_choices: each program layout and number of heads per program that
     the rules or a tuned table may launch), at the occupancy hint the example draws and its token
-    block (compute_out_alone_choices): y within kappa('compute_out') u M."""
+    block (compute_out_alone_choices): y within kappa('compute_out') u M; and in bfloat16 (x, B,
+    C, z rounded to it; the reference of their values) at the rules' choice, y (bfloat16) within
+    narrow_output_bound of kappa of bfloat16 operands."""
     d = p.dims
     dt_out, dA, states = _exact_upstream(p)
     args = (p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx)
@@ -433,6 +456,20 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
         metrics.append(check_close(
             f"compute_out ({choice.layout}, {choice.heads} heads, occupancy {choice.occupancy}, "
             f"block_t {choice.block_t}) y", y, y_ref, bound + floor, M, p, floor=floor))
+    # bfloat16 x, B, C, z (the reference of their values) at the rules' choice: the state and
+    # the decayed weights rounded to bfloat16 before their products, y stored in bfloat16
+    q = _as_bfloat16(p)
+    wide = _wide(q)
+    dt_out, dA, states = _exact_upstream(wide)
+    args = (wide.x, wide.B, wide.C, dt_out, dA, states, wide.D, wide.z, wide.seq_idx)
+    y_ref, M = R.compute_out_ref(*args), R.compute_out_magnitude(*args)
+    floor = _floor(wide, dt_out, states)
+    bound = tf32_bound(M, kappa("compute_out", d.seqlen, d.chunk_size, d.dstate, "bfloat16"))
+    y = _call(compute_out, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA, states, q.D, q.z,
+              q.seq_idx)
+    metrics.append(check_close("compute_out bf16 y", y.astype(np.float64), y_ref,
+                               narrow_output_bound(y_ref, bound + floor, "bfloat16"), M, wide,
+                               floor=floor))
     return _merge(*metrics)
 
 
@@ -466,8 +503,8 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
         raise ValueError(f"ssd_scan_alone: no choice at occupancy {occupancy!r} "
                          f"(OCCUPANCIES {SCAN_OCCUPANCIES})\n  {p.describe()}")
     q = _as_bfloat16(p)
-    y, final = _call(ssd_scan, "torch" if backend == "gpu" else backend, q.x, q.B, q.C, dt_out,
-                     dA, D=q.D, z=q.z, initial_states=q.initial_states, seq_idx=q.seq_idx)
+    y, final = _call(ssd_scan, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA, D=q.D, z=q.z,
+                     initial_states=q.initial_states, seq_idx=q.seq_idx)
     wide = _wide(q)
     y_ref, final_ref = R.ssd_recurrent(wide.x, wide.dt, wide.A, wide.B, wide.C,
                                        **wide.options())
