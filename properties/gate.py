@@ -34,7 +34,7 @@ REPRODUCERS = REPO / "properties" / "reproducers"
 BASELINE = REPO / "benchmarks" / "baseline" / "h200.json"
 THRESHOLD = "0.10"  # the regression threshold of benchmarks/baseline/README.md
 KERNEL_TESTS = ["tests/test_chunk_cumsum.py", "tests/test_fwd_pass_state.py",
-                "tests/test_compute_out.py", "tests/test_ssd_forward.py",
+                "tests/test_compute_out.py", "tests/test_ssd_scan.py", "tests/test_ssd_forward.py",
                 "tests/test_narrow_inputs.py", "tests/test_tensor_core_products.py",
                 "tests/test_tuning.py"]
 

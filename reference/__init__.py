@@ -2,7 +2,7 @@
 
 Whole forward: `ssd_recurrent` (the ground truth), `ssd_chunked` (the per-kernel references
 composed), `ssd_quadratic` (the attention form). Per kernel: `chunk_cumsum_ref`,
-`fwd_pass_state_ref`, `compute_out_ref`. Magnitude bounds M (the same computation on absolute
+`fwd_pass_state_ref`, `compute_out_ref`, `ssd_scan_ref` (the two before it composed). Magnitude bounds M (the same computation on absolute
 values, |y| <= M): `ssd_magnitude`, `fwd_pass_state_magnitude`, `compute_out_magnitude`.
 """
 
@@ -10,9 +10,10 @@ from reference.chunk_cumsum import chunk_cumsum_ref
 from reference.compute_out import compute_out_magnitude, compute_out_ref
 from reference.fwd_pass_state import fwd_pass_state_magnitude, fwd_pass_state_ref
 from reference.ssd import ssd_chunked, ssd_magnitude, ssd_quadratic, ssd_recurrent
+from reference.ssd_scan import ssd_scan_ref
 
 __all__ = [
     "ssd_recurrent", "ssd_chunked", "ssd_quadratic", "ssd_magnitude",
     "chunk_cumsum_ref", "fwd_pass_state_ref", "fwd_pass_state_magnitude",
-    "compute_out_ref", "compute_out_magnitude",
+    "compute_out_ref", "compute_out_magnitude", "ssd_scan_ref",
 ]

@@ -1,0 +1,110 @@
+"""ssd_scan against its float64 reference on the table of shapes, on both backends, in every
+choice the shape allows; its launch and its refusals."""
+
+import numpy as np
+import pytest
+
+import reference as R
+from contract import Dims
+from kernels import ssd_scan
+from kernels.ssd_scan import CHOICES, RULES_CHOICE, scan_runs, ssd_scan_choices
+from properties.bounds import KAPPA
+from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
+                    recorded_launches, step_options)
+
+pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
+
+H200_SMS = 132
+
+
+def _stage_inputs(case) -> tuple[dict, dict]:
+    """(ssd_scan's keyword arguments: fp32-exact dt_out and dA_cumsum of the reference, the
+    case's options; make_inputs' arguments)."""
+    kw = make_inputs(case)
+    dt_out, dA_cumsum = (a.astype(np.float32) for a in
+                         R.chunk_cumsum_ref(kw["dt"], kw["A"], case.chunk_size, **step_options(kw)))
+    return dict(x=kw["x"], B=kw["B"], C=kw["C"], dt_out=dt_out, dA_cumsum=dA_cumsum,
+                D=kw.get("D"), z=kw.get("z"), initial_states=kw.get("initial_states"),
+                seq_idx=kw.get("seq_idx")), kw
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=c.marks) for c in CASES])
+def test_ssd_scan_matches_reference(case, backend, request):
+    """Every choice the case's shape allows (heads per program x headdim block x occupancy):
+    y and final_states within the forward's kappa of the float64 reference of the same inputs
+    (accumulation_length counts the scan's token-block boundaries)."""
+    inputs, _ = _stage_inputs(case)
+    y_ref, final_ref = R.ssd_scan_ref(**inputs)
+    upstream = (inputs["x"], inputs["B"], inputs["dt_out"], inputs["dA_cumsum"])
+    states_M, final_M = R.fwd_pass_state_magnitude(*upstream, inputs["initial_states"],
+                                                   inputs["seq_idx"])
+    M = R.compute_out_magnitude(*upstream[:2], inputs["C"], *upstream[2:], states_M,
+                                inputs["D"], inputs["z"], inputs["seq_idx"])
+    choices = ssd_scan_choices(inputs["x"], inputs["B"])
+    assert RULES_CHOICE in choices
+    for choice in choices:
+        with recorded_launches() as launches:
+            y, final = ssd_scan(**on_backend(backend, inputs), choice=choice)
+        assert [name for name, _, _ in launches] == ["_ssd_scan_kernel"]
+        assert launch_arg(launches[0][1], launches[0][2], "HEADS") == choice.heads
+        test_id = f"{request.node.name}[{choice}]"
+        check_within("y", y, y_ref, M, KAPPA, test_id)
+        check_within("final_states", final, final_ref, final_M, KAPPA, test_id)
+
+
+def test_two_heads_only_where_they_share_a_group():
+    """A choice of two heads per program is refused, before any launch, where a group has one
+    head (its two heads would read two groups)."""
+    inputs, _ = _stage_inputs(CASES[[c.id for c in CASES].index("ngroups_eq_nheads")])
+    two = next(c for c in CHOICES if c.heads == 2)
+    assert two not in ssd_scan_choices(inputs["x"], inputs["B"])
+    with recorded_launches() as launches, pytest.raises(ValueError, match="^choice: "):
+        ssd_scan(**inputs, choice=two)
+    assert not launches
+
+
+@pytest.mark.parametrize("dims, dtype, runs", [
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float32", True, id="mamba2_2p7b"),
+    pytest.param(Dims(8, 2048, 24, 64, 1, 128, 256), "float32", True, id="mamba2_130m"),
+    # 80 programs on 132 SMs: the scan in bfloat16 (half a wave), the two kernels in float32
+    pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "bfloat16", True, id="long_seq_bf16"),
+    pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float32", False, id="long_seq_fp32"),
+    pytest.param(Dims(1, 4096, 24, 64, 1, 128, 256), "bfloat16", False, id="24_programs_bf16"),
+    pytest.param(Dims(4, 4096, 80, 64, 1, 256, 256), "float32", False, id="dstate_256"),
+    pytest.param(Dims(1, 2**24, 128, 64, 1, 128, 256), "float32", False, id="int64"),
+])
+def test_the_forward_takes_the_scan_where_its_grid_fills_the_gpu(dims, dtype, runs):
+    from types import SimpleNamespace
+    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)  # noqa: E731
+    arrays = (a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"), a("y"))
+    assert scan_runs(a("x"), a("B"), a("dt_out"), arrays, H200_SMS) == runs
+
+
+def test_bad_arguments_are_refused_by_name_before_any_launch():
+    inputs, _ = _stage_inputs(CASES[0])
+    bad = {"dt_out": inputs["dt_out"][:, :, :1], "C": inputs["C"][:, :-1],
+           "initial_states": np.ones((1, 1, 1, 1), np.float32),
+           "seq_idx": np.zeros((1, 3), np.int32)}
+    for name, value in bad.items():
+        with recorded_launches() as launches, pytest.raises((ValueError, TypeError),
+                                                            match=f"^{name}"):
+            ssd_scan(**{**inputs, name: value})
+        assert not launches, name
+
+
+def test_a_d_that_is_not_finite_is_named_and_its_channels_are_nan():
+    """The standalone scan reports D itself (check_D): on the interpreter (values checked on the
+    host by default) a ValueError naming D before the launch; with check_values=False, the
+    channel's y is NaN and the error is raised by the next call that reads the word."""
+    from kernels import raise_pending_errors
+    inputs, _ = _stage_inputs(CASES[[c.id for c in CASES].index("D_per_channel")])
+    D = inputs["D"].copy()
+    D[1, 3] = np.inf
+    with recorded_launches() as launches, pytest.raises(ValueError, match="^D"):
+        ssd_scan(**{**inputs, "D": D})
+    assert not launches
+    y, _ = ssd_scan(**{**inputs, "D": D}, check_values=False)
+    assert np.isnan(y[:, :, 1, 3]).all() and np.isfinite(y[:, :, 0]).all()
+    with pytest.raises(ValueError, match="D"):
+        raise_pending_errors()
