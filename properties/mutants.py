@@ -51,6 +51,12 @@ CATALOGUE = [
            "new_states += (ct.mma(xw, Bt, states[i_k] * carry),)",
            "new_states += (ct.mma(xw, Bt, states[i_k]),)",
            "the scan: the state is carried to the next token block without its decay"),
+    Mutant("scan_weights_in_8_bits", "kernels/ssd_scan.py",
+           "mma_operand(cbT * LT * dt_s, x.dtype), acc)",
+           "mma_operand(ct.bitcast(ct.bitcast(cbT * LT * dt_s, ct.int32) & -1048576, "
+           "ct.float32), x.dtype), acc)",
+           "the scan: the decayed weights keep 3 mantissa bits, an 8-bit float's, before their "
+           "product"),
     Mutant("scan_reset_missing", "kernels/ssd_scan.py",
            "carry = ct.where(seg_last == seg_before, carry, 0.0)", "carry = carry",
            "the scan: the state crosses a seq_idx boundary between token blocks"),
@@ -88,11 +94,11 @@ CATALOGUE = [
     Mutant("state_in_bf16", "kernels/fwd_pass_state.py",
            "        S = acc\n", "        S = acc.astype(ct.bfloat16).astype(ct.float32)\n",
            "the carried state is kept in bfloat16 between chunks (a precision regression)"),
-    Mutant("D_term_dropped", "kernels/compute_out.py",
+    Mutant("D_term_dropped", "kernels/arrays.py",
            "        skip = ct.reshape(ct.load(D, (i_h,), shape=(1,)), (1, 1))\n    return skip\n",
            "        skip = ct.reshape(ct.load(D, (i_h,), shape=(1,)), (1, 1))\n"
            "    return skip * 0.0\n",
-           "the skip connection D x is lost (both program layouts)"),
+           "the skip connection D x is lost (compute_out's layouts and the scan)"),
     Mutant("initial_state_ignored", "kernels/fwd_pass_state.py",
            "S = ct.transpose(ct.reshape(S, (BLOCK_P, BLOCK_N)))",
            "S = ct.transpose(ct.reshape(S, (BLOCK_P, BLOCK_N))) * 0.0",

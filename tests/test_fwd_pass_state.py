@@ -56,7 +56,9 @@ def test_fwd_pass_state_matches_reference(case, mode, backend, request):
 def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k):
     """The launcher runs the chunks in parallel when the sequential grid has fewer programs than
     the device has SMs and the chunks hold 128 tokens or more, else in order: fwd_pass_state's
-    launches and those of ssd_forward's plan (the batch whole) for a device of that many SMs."""
+    launches, and those of ssd_forward's plan (the batch whole) for a device of that many SMs,
+    where its forward runs the three kernels (fewer programs than SMs: float32 takes the scan at
+    a wave and more, kernels.ssd_scan.scan_runs)."""
     from contract import Dims
     from kernels.ssd_forward import ForwardArrays, forward_plan
     from tests.test_compile import ArraySpec
@@ -74,8 +76,13 @@ def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k):
     kernels = MODE_KERNELS["parallel_chunks" if parallel else "in_order"]
     name = lambda launch: launch[0]._pyfunc.__name__  # noqa: E731
     assert [name(launch) for launch in alone] == kernels
-    assert [name(launch) for launch in forward] == (
-        ["_chunk_cumsum_kernel"] + kernels + ["_compute_out_kernel"])
+    if programs_vs_sms == 0:  # a wave of scan programs: the forward is the scan
+        assert [name(launch) for launch in forward] == ["_chunk_cumsum_kernel",
+                                                        "_ssd_scan_kernel"]
+        forward = []
+    else:
+        assert [name(launch) for launch in forward] == (
+            ["_chunk_cumsum_kernel"] + kernels + ["_compute_out_kernel"])
     for kernel, _, args in alone + forward[1:-1]:
         if kernel._pyfunc.__name__ == "_fwd_pass_state_kernel":
             assert launch_arg(kernel, args, "BLOCK_K") == block_k

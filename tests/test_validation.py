@@ -7,7 +7,7 @@ import pytest
 
 import contract
 import kernels
-from kernels import arrays, chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
+from kernels import arrays, chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
 from shapes import Case, make_inputs
 
 CASE = Case("validation", 2, 40, 4, 8, 2, 16, 16)
@@ -129,7 +129,7 @@ def test_vector_values_read_together(kw, monkeypatch):
     assert copies == [3]
 
 
-@pytest.mark.parametrize("stage", ["ssd_forward", "chunk_cumsum", "compute_out"])
+@pytest.mark.parametrize("stage", ["ssd_forward", "chunk_cumsum", "compute_out", "ssd_scan"])
 def test_value_read_comes_last_before_the_launch(kw, monkeypatch, stage):
     """The value read (a synchronisation on a GPU: it waits for the queued work) follows every
     allocation and precedes the launch, so the GPU idles only for the launch after it."""
@@ -141,11 +141,15 @@ def test_value_read_comes_last_before_the_launch(kw, monkeypatch, stage):
                         lambda *a, **k: events.append("allocate") or empty(*a, **k))
     monkeypatch.setattr(arrays.Backend, "launch", lambda *a: events.append("launch"))
     kw["D"] = -kw["A"]
-    if stage == "ssd_forward":
+    if stage == "ssd_forward":  # the interpreter's forward: chunk_cumsum and the scan
         ssd_forward(**kw)
-        allocations, launches = 5, 3
+        allocations, launches = 4, 2
     elif stage == "chunk_cumsum":
         chunk_cumsum(kw["dt"], kw["A"], 16)
+        allocations, launches = 2, 1
+    elif stage == "ssd_scan":
+        s = stage_kw(kw)
+        ssd_scan(s["x"], kw["B"], kw["C"], s["dt_out"], s["dA_cumsum"], D=kw["D"])
         allocations, launches = 2, 1
     else:
         s = stage_kw(kw)
@@ -221,7 +225,7 @@ def test_mixed_cupy_and_torch_refused(kw):
 
 def test_public_names():
     assert set(kernels.__all__) == {"ssd_forward", "tune_forward", "chunk_cumsum", "fwd_pass_state",
-                                    "compute_out", "raise_pending_errors"}
+                                    "compute_out", "ssd_scan", "raise_pending_errors"}
     assert math.isinf(ssd_forward.__defaults__[-2][1])  # dt_limit defaults to (0, inf)
 
 
