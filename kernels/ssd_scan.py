@@ -204,9 +204,17 @@ def scan_runs(x, B, dt_out, arrays: tuple, sm_count) -> bool:
 
 
 def ssd_scan_choices(x, B) -> list[Choice]:
-    """The CHOICES a launch of these arrays can run: heads that divide a group's."""
-    per_group = int(x.shape[2]) // int(B.shape[2])
-    return [c for c in CHOICES if per_group % c.heads == 0]
+    """The CHOICES a launch of these arrays can run, each distinct launch once: heads that
+    divide a group's; a headdim block that clamps to the extent of an earlier one's (headdim
+    <= 32) is left out."""
+    per_group, headdim = int(x.shape[2]) // int(B.shape[2]), int(x.shape[3])
+    found, launches = [], set()
+    for c in CHOICES:
+        launch = (c.heads, c.occupancy, pow2_tile(headdim, lo=MMA_MIN, hi=c.block_p))
+        if per_group % c.heads == 0 and launch not in launches:
+            launches.add(launch)
+            found.append(c)
+    return found
 
 
 def ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, final_states,

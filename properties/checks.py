@@ -481,9 +481,11 @@ def _wide(q: Problem) -> Problem:
 
 def ssd_scan_alone(p: Problem, backend: str) -> dict:
     """ssd_scan alone (fp32-exact dt_out, dA_cumsum) in every choice the shape allows at the
-    example's occupancy hint, and in bfloat16 (on the GPU as torch tensors) at the rules'
-    choice: y and final_states within the forward's bounds (the scan's roundings are the
-    forward's: accumulation_length counts its state's token blocks)."""
+    example's occupancy hint, and on the GPU (whose forward runs the scan on large grids only)
+    in bfloat16 as torch tensors at the rules' choice: y and final_states within the forward's
+    bounds (the scan's roundings are the forward's: accumulation_length counts its state's token
+    blocks). On the interpreter (one SM) the forward is the scan, so forward_bf16_bound checks
+    its bfloat16 path."""
     dt_out, dA, _ = _exact_upstream(p)
     occupancy = p.params.get("occupancy", SCAN_RULES_CHOICE.occupancy)
     args = (p.B, p.C, dt_out, dA)
@@ -502,6 +504,8 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
     if not metrics:  # checked nothing
         raise ValueError(f"ssd_scan_alone: no choice at occupancy {occupancy!r} "
                          f"(OCCUPANCIES {SCAN_OCCUPANCIES})\n  {p.describe()}")
+    if backend == "interpreter":  # its forward is the scan: forward_bf16_bound checks that
+        return _merge(*metrics)
     q = _as_bfloat16(p)
     y, final = _call(ssd_scan, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA, D=q.D, z=q.z,
                      initial_states=q.initial_states, seq_idx=q.seq_idx)
