@@ -24,8 +24,8 @@ from kernels.ssd_scan import scan_runs, ssd_scan_launch
 # of the batch, each its three kernels in order, the second slice on a side stream
 # (Backend.launch_parts), where fwd_pass_state's in-order grid for the whole batch has more than
 # SPLIT_MIN_WAVES programs per SM: its last wave then leaves SMs idle, which the other slice's
-# compute_out takes. A split call takes more host
-# time, so it is kept to where it pays (benchmarks/DECISIONS.md "ssd_forward: batch slices").
+# compute_out takes. A split call takes more host time, so it is kept to where it pays
+# (benchmarks/DECISIONS.md "ssd_forward: batch slices").
 # Each slice sizes its grids for its share of the SMs, so it chooses the tiles and modes the
 # whole batch would (its index width may narrow to int32 where the slice stays below 2^31
 # elements); results are bit-identical to the whole batch's.
@@ -118,12 +118,13 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     """y (batch, seqlen, nheads, headdim), or (y, final_states) with return_final_states;
     arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the GPU, on the
     current stream). x, B, C, z: float32, bfloat16 or float16, all four alike (read in that
-    dtype, computed in float32); y has x's dtype; every other input is taken as float32, and
-    final_states is float32.
+    dtype; products as kernels.arrays.mma_operand says, accumulated in float32); y has x's
+    dtype; every other input is taken as float32, and final_states is float32.
 
-    Every argument's shape, dtype and device is checked before the first launch; then the three
-    kernels run in order (forward_launches); on the GPU, for large even batches, for each of two
-    batch slices, the second slice on a side stream forked from and joined into the current one
+    Every argument's shape, dtype and device is checked before the first launch; then the
+    kernels run in order (forward_launches: chunk_cumsum and the scan where its grid fills the
+    GPU, else chunk_cumsum, fwd_pass_state and compute_out); on the GPU, for large even batches
+    that run the three kernels, for each of two batch slices, the second slice on a side stream forked from and joined into the current one
     (BATCH_PARTS; results bit-identical to the whole batch's). `batch_parts` (keyword only): run
     the batch as that many slices (at most one per element) instead of the rule's count; 1 never
     splits.
