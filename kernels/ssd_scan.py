@@ -34,7 +34,7 @@ class Choice(NamedTuple):
 
 CHOICES = tuple(Choice(h, o, p) for h in HEADS for o in OCCUPANCIES for p in BLOCK_PS)
 
-# The rules' pick (rules_choice): one head, two programs per SM, Mamba-2's whole headdim per
+# The rules' pick (RULES_CHOICE): one head, two programs per SM, Mamba-2's whole headdim per
 # program; DECISIONS.md "ssd_scan: program"
 RULES_CHOICE = Choice(1, 2, 64)
 BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
