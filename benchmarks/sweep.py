@@ -25,7 +25,7 @@ choices (any the shape can run) after the rules'; kernels it names no choice of 
 Choices are labelled by their fields in order: `h16` (chunk_cumsum: block_h),
 `in_order/k128/p64/n128/occ2/pass32` (fwd_pass_state: mode, block_k, block_p, block_n, occupancy,
 "default" for the compiler's, pass_block), `whole_chunks/h2/occ2/t64` (compute_out: layout,
-heads, occupancy, block_t), `scan_h1/occ2/p64` (ssd_scan: heads, occupancy, block_p).
+heads, occupancy, block_t), `scan_h1/occ2/p64/wdefault` (ssd_scan: heads, occupancy, block_p, worker warps).
 
 Each choice's outputs are compared with the rules' choice's: rel = max |diff| / max |reference|
 (inf where a NaN appears; the outputs are NaN-filled before the launch; TF32 rounding moves them
@@ -79,7 +79,7 @@ LABEL_PREFIXES = {
     "chunk_cumsum": ("h",),  # block_h
     "fwd_pass_state": ("", "k", "p", "n", "occ", "pass"),  # mode, block_k/p/n, occupancy, pass
     "compute_out": ("", "h", "occ", "t"),  # layout, heads, occupancy, block_t
-    "ssd_scan": ("scan_h", "occ", "p"),  # heads, occupancy, block_p
+    "ssd_scan": ("scan_h", "occ", "p", "w"),  # heads, occupancy, block_p, worker warps
 }
 # each kernel's outputs (NaN-filled before every launch, compared with the reference's)
 OUTPUTS = {"chunk_cumsum": ("dt_out", "dA_cumsum"),
@@ -130,7 +130,7 @@ def kernel_module(kernel: str):
 
 def label(kernel: str, choice) -> str:
     """A choice's label: its fields in order, each behind its prefix (LABEL_PREFIXES), joined by
-    "/"; None (the compiler's occupancy) reads "default"."""
+    "/"; None (the compiler's own occupancy or warp count) reads "default"."""
     prefixes = LABEL_PREFIXES[kernel]
     if len(choice) != len(prefixes):
         raise ValueError(f"{kernel}: a choice has {len(prefixes)} fields, got {choice!r}")
@@ -196,7 +196,7 @@ def launches_of(kernel: str, mod, a: dict, sm_count, choice) -> list:
                                                 sm_count, choice=choice))
     if kernel == "ssd_scan":
         return [mod.ssd_scan_launch(a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], None,
-                                    a["D"], None, None, a["y"], a["final_states"], choice,
+                                    a["D"], None, None, a["y"], a["final_states"], sm_count, choice,
                                     errors=a["errors"], check_D=False)]
     return [mod.compute_out_launch(*compute_out_arrays(a), sm_count, choice=choice,
                                    errors=a["errors"], check_D=False)]
@@ -214,7 +214,7 @@ def rules_and_runnable(kernel: str, a: dict, sm_count) -> tuple:
     if kernel == "chunk_cumsum":
         return mod.rules_choice(), list(mod.CHOICES)
     if kernel == "ssd_scan":
-        return mod.RULES_CHOICE, mod.ssd_scan_choices(a["x"], a["B"])
+        return mod.rules_choice(a["x"], sm_count), mod.ssd_scan_choices(a["x"], a["B"])
     if kernel == "fwd_pass_state":
         batch, _, nheads, headdim = a["x"].shape
         dstate, chunk_size = a["B"].shape[3], a["dt_out"].shape[3]

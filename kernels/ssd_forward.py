@@ -464,7 +464,8 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None) -> list[tuple]
     scan_arrays = (a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z, a.seg,
                    a.y, a.final_states)
     if scan_runs(a.x, a.B, a.dt_out, scan_arrays, sm_count):
-        return [cumsum, ssd_scan_launch(*scan_arrays, errors=a.errors, check_D=False)]
+        return [cumsum, ssd_scan_launch(*scan_arrays, sm_count, errors=a.errors,
+                                        check_D=False)]
     return [
         cumsum,
         *fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,

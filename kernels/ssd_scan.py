@@ -4,7 +4,7 @@ x, B and C are read once and no chunk state goes through memory (fwd_pass_state 
 in one kernel). It pays where those programs fill the GPU; elsewhere ssd_forward runs the two
 kernels, whose chunks go in parallel.
 
-The declared choices (CHOICES) are what the launcher may run: its rules pick one (RULES_CHOICE),
+The declared choices (CHOICES) are what the launcher may run: its rules pick one (rules_choice),
 benchmarks.sweep times the others. The measured reason of each rule: benchmarks/DECISIONS.md,
 under the titles named below.
 """
@@ -23,6 +23,7 @@ from kernels.errors import check_on_host, open_word
 HEADS = (1, 2)  # heads of one group per program: C B^T, which they share, is formed once
 OCCUPANCIES = (2, 1)  # programs per SM (the compiler's occupancy hint)
 BLOCK_PS = (64, 32)  # headdim columns per program
+WORKER_WARPS = (None, 8)  # the compiler's num_worker_warps hint; None: its own count
 
 
 class Choice(NamedTuple):
@@ -30,13 +31,19 @@ class Choice(NamedTuple):
     heads: int  # HEADS
     occupancy: int  # OCCUPANCIES
     block_p: int  # BLOCK_PS
+    warps: int | None  # WORKER_WARPS
 
 
-CHOICES = tuple(Choice(h, o, p) for h in HEADS for o in OCCUPANCIES for p in BLOCK_PS)
+CHOICES = tuple(Choice(h, o, p, w) for h in HEADS for o in OCCUPANCIES for p in BLOCK_PS
+                for w in WORKER_WARPS)
 
-# The rules' pick (RULES_CHOICE): one head, two programs per SM, Mamba-2's whole headdim per
-# program; DECISIONS.md "ssd_scan: program"
-RULES_CHOICE = Choice(1, 2, 64)
+# The rules' pick (rules_choice): one head and Mamba-2's whole headdim per program; two programs
+# per SM (RULES_CHOICE), but where the grid has at most one program per SM, for the dtypes of
+# FEW_PROGRAMS_CHOICE, one program per SM of eight worker warps, whose token-block step is
+# shorter (measured for bfloat16 only; float32's state tile spills with eight); DECISIONS.md
+# "ssd_scan: program"
+RULES_CHOICE = Choice(1, 2, 64, None)
+FEW_PROGRAMS_CHOICE = {"bfloat16": Choice(1, 1, 64, 8)}
 BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
 # the scan runs (ssd_forward) where its grid has SCAN_MIN_WAVES programs per SM or more (each
 # runs through the whole sequence: a smaller grid leaves SMs idle, where fwd_pass_state takes
@@ -44,7 +51,7 @@ BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
 # as float32, measured there), and the state tile, [BLOCK_P, DSTATE tile], has a dstate tile of
 # at most SCAN_MAX_DSTATE (measured there only); DECISIONS.md "ssd_forward: one pass or two
 # kernels"
-SCAN_MIN_WAVES = {"bfloat16": 0.5}
+SCAN_MIN_WAVES = {"bfloat16": 0.4}
 SCAN_MIN_WAVES_OTHERS = 1.0
 SCAN_MAX_DSTATE = 128
 
@@ -175,13 +182,23 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
                  ct.reshape(states[i_k], (1, 1, BLOCK_P, DSTATE)))
 
 
-# The kernel object, int32 indices only (the scan runs where every array has fewer than 2^31
+def _hints(occupancy: int, warps: int | None) -> dict:
+    return {"occupancy": occupancy} | ({} if warps is None else {"num_worker_warps": warps})
+
+
+# The kernel objects, int32 indices only (the scan runs where every array has fewer than 2^31
 # elements: kernels.arrays.int32_indexed of the function, whose ct.IndexedWithInt64 arrays mark
-# what an int64 object would index in int64); by occupancy hint, each made once here (an object
-# made per call would be dispatched anew)
-_ssd_scan = ct.kernel(int32_indexed(_ssd_scan_kernel), occupancy=RULES_CHOICE.occupancy)
-_KERNELS = {occ: _ssd_scan if occ == RULES_CHOICE.occupancy
-            else _ssd_scan.replace_hints(occupancy=occ) for occ in OCCUPANCIES}
+# what an int64 object would index in int64): the rules' two, then by (occupancy, worker warps)
+# hints, each made once here (an object made per call would be dispatched anew)
+_ssd_scan = ct.kernel(int32_indexed(_ssd_scan_kernel),
+                      **_hints(RULES_CHOICE.occupancy, RULES_CHOICE.warps))
+_ssd_scan_few_programs = _ssd_scan.replace_hints(
+    **_hints(FEW_PROGRAMS_CHOICE["bfloat16"].occupancy, FEW_PROGRAMS_CHOICE["bfloat16"].warps))
+_KERNELS = {(RULES_CHOICE.occupancy, RULES_CHOICE.warps): _ssd_scan}
+_KERNELS.update({(c.occupancy, c.warps): _ssd_scan_few_programs
+                 for c in FEW_PROGRAMS_CHOICE.values()})
+_KERNELS.update({(o, w): _ssd_scan.replace_hints(**_hints(o, w))
+                 for o in OCCUPANCIES for w in WORKER_WARPS if (o, w) not in _KERNELS})
 
 
 def _tiles(headdim: int, dstate: int, chunk_size: int, block_p: int) -> tuple[int, int, int]:
@@ -190,16 +207,27 @@ def _tiles(headdim: int, dstate: int, chunk_size: int, block_p: int) -> tuple[in
             pow2_tile(dstate, lo=MMA_MIN))
 
 
+def _rules_programs(x) -> int:
+    """The programs of a launch of the rules' heads and headdim block (every rules' choice has
+    RULES_CHOICE's)."""
+    batch, _, nheads, headdim = (int(s) for s in x.shape)
+    block_p = pow2_tile(headdim, lo=MMA_MIN, hi=RULES_CHOICE.block_p)
+    return -(-headdim // block_p) * nheads // RULES_CHOICE.heads * batch
+
+
+def rules_choice(x, sm_count) -> Choice:
+    """The rules' Choice for x on a GPU of `sm_count` SMs (see RULES_CHOICE)."""
+    few = FEW_PROGRAMS_CHOICE.get(dtype_name(x))
+    return few if few is not None and _rules_programs(x) <= sm_count else RULES_CHOICE
+
+
 def scan_runs(x, B, dt_out, arrays: tuple, sm_count) -> bool:
     """Whether ssd_forward takes the scan for these arrays (x, B, dt_out, and every array the
     launch would pass): int32 indices, a dstate tile of at most SCAN_MAX_DSTATE, and the rules'
     grid at SCAN_MIN_WAVES programs per SM or more for x's dtype."""
-    batch, _, nheads, headdim = (int(s) for s in x.shape)
-    _, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]),
-                                     RULES_CHOICE.block_p)
-    programs = -(-headdim // block_p) * nheads // RULES_CHOICE.heads * batch
+    dstate_tile = pow2_tile(int(B.shape[3]), lo=MMA_MIN)
     waves = SCAN_MIN_WAVES.get(dtype_name(x), SCAN_MIN_WAVES_OTHERS)
-    return (dstate_tile <= SCAN_MAX_DSTATE and programs >= waves * sm_count
+    return (dstate_tile <= SCAN_MAX_DSTATE and _rules_programs(x) >= waves * sm_count
             and not needs_int64(*arrays))
 
 
@@ -210,7 +238,7 @@ def ssd_scan_choices(x, B) -> list[Choice]:
     per_group, headdim = int(x.shape[2]) // int(B.shape[2]), int(x.shape[3])
     found, launches = [], set()
     for c in CHOICES:
-        launch = (c.heads, c.occupancy, pow2_tile(headdim, lo=MMA_MIN, hi=c.block_p))
+        launch = (c.heads, c.occupancy, c.warps, pow2_tile(headdim, lo=MMA_MIN, hi=c.block_p))
         if per_group % c.heads == 0 and launch not in launches:
             launches.add(launch)
             found.append(c)
@@ -218,9 +246,11 @@ def ssd_scan_choices(x, B) -> list[Choice]:
 
 
 def ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, final_states,
-                    choice: Choice | None = None, *, errors=None, check_D: bool = True):
+                    sm_count, choice: Choice | None = None, *, errors=None,
+                    check_D: bool = True):
     """(kernel, grid, kernel args) of ssd_scan: the one place its tiles and kernel object are
-    chosen; `choice` where given (one of ssd_scan_choices, else a ValueError), else the rules'.
+    chosen; `choice` where given (one of ssd_scan_choices, else a ValueError), else the rules'
+    for a GPU of `sm_count` SMs.
 
     Reads only shapes and dtypes, so the compile gate derives its signatures from here too. `seg`
     is the (batch, seqlen) int32 segment ids, or None. `errors`: the call's error word
@@ -230,7 +260,7 @@ def ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, fi
     """
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     given = choice is not None
-    choice = RULES_CHOICE if choice is None else choice
+    choice = rules_choice(x, sm_count) if choice is None else choice
     if choice not in ssd_scan_choices(x, B):
         raise ValueError(f"{'choice' if given else 'rules choice'}: {choice} is not one that "
                          f"ssd_scan can run on this shape ({ssd_scan_choices.__name__})")
@@ -244,7 +274,7 @@ def ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, fi
     if needs_int64(*args):
         raise ValueError("ssd_scan: an array of 2^31 elements or more (int32 indices only)")
     grid = (-(-headdim // block_p), nheads // choice.heads, batch)
-    return _KERNELS[choice.occupancy], grid, args
+    return _KERNELS[choice.occupancy, choice.warps], grid, args
 
 
 def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, seq_idx=None, *,
@@ -271,6 +301,7 @@ def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, se
         check_vector_values(D=D)
     word = open_word(backend, "ssd_scan")  # a word left unused by a bad choice stays clear
     backend.launch(*ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y,
-                                    final_states, choice, errors=word.array))
+                                    final_states, backend.sm_count, choice,
+                                    errors=word.array))
     word.close()
     return y, final_states

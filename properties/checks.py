@@ -27,6 +27,7 @@ from kernels.fwd_pass_state import BLOCK_KS, BLOCK_NS, BLOCK_PS, MODES, PASS_BLO
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from kernels.ssd_scan import RULES_CHOICE as SCAN_RULES_CHOICE
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
+from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
@@ -481,29 +482,32 @@ def _wide(q: Problem) -> Problem:
 
 def ssd_scan_alone(p: Problem, backend: str) -> dict:
     """ssd_scan alone (fp32-exact dt_out, dA_cumsum) in every choice the shape allows at the
-    example's occupancy hint, and on the GPU (whose forward runs the scan on large grids only)
+    example's hints (occupancy, worker warps), and on the GPU (whose forward runs the scan on large grids only)
     in bfloat16 as torch tensors at the rules' choice: y and final_states within the forward's
     bounds (the scan's roundings are the forward's: accumulation_length counts its state's token
     blocks). On the interpreter (one SM) the forward is the scan, so forward_bf16_bound checks
     its bfloat16 path."""
     dt_out, dA, _ = _exact_upstream(p)
-    occupancy = p.params.get("occupancy", SCAN_RULES_CHOICE.occupancy)
+    hints = (p.params.get("occupancy", SCAN_RULES_CHOICE.occupancy),
+             p.params.get("warps", SCAN_RULES_CHOICE.warps))
     args = (p.B, p.C, dt_out, dA)
     kw = dict(D=p.D, z=p.z, initial_states=p.initial_states, seq_idx=p.seq_idx)
     y_ref, final_ref = R.ssd_recurrent(p.x, p.dt, p.A, p.B, p.C, **p.options())
     b = forward_bounds(p)
     metrics = []
     for choice in ssd_scan_choices(p.x, p.B):
-        if choice.occupancy != occupancy:
+        if (choice.occupancy, choice.warps) != hints:
             continue
         y, final = _call(ssd_scan, backend, p.x, *args, **kw, choice=choice)
-        name = f"ssd_scan ({choice.heads} heads, block_p {choice.block_p}, occupancy {occupancy})"
+        name = (f"ssd_scan ({choice.heads} heads, block_p {choice.block_p}, occupancy "
+                f"{choice.occupancy}, worker warps {choice.warps})")
         metrics += [check_close(f"{name} y", y, y_ref, b.y, b.M, p, floor=b.floor),
                     check_close(f"{name} final_states", final, final_ref, b.final, b.final_M,
                                 p, floor=b.floor)]
     if not metrics:  # checked nothing
-        raise ValueError(f"ssd_scan_alone: no choice at occupancy {occupancy!r} "
-                         f"(OCCUPANCIES {SCAN_OCCUPANCIES})\n  {p.describe()}")
+        raise ValueError(f"ssd_scan_alone: no choice at hints (occupancy, worker warps) "
+                         f"{hints!r} (OCCUPANCIES {SCAN_OCCUPANCIES}, WORKER_WARPS "
+                         f"{SCAN_WORKER_WARPS})\n  {p.describe()}")
     if backend == "interpreter":  # its forward is the scan: forward_bf16_bound checks that
         return _merge(*metrics)
     q = _as_bfloat16(p)
@@ -763,7 +767,8 @@ PROPERTIES = {prop.name: prop for prop in [
     Property("ssd_scan_alone", ssd_scan_alone, lambda: _with(
         st.one_of(problems(), problems(carried=True), problems(segments=False),
                   problems(wide=True)),
-        occupancy=lambda p: st.sampled_from(SCAN_OCCUPANCIES))),
+        occupancy=lambda p: st.sampled_from(SCAN_OCCUPANCIES),
+        warps=lambda p: st.sampled_from(SCAN_WORKER_WARPS))),
     Property("causal_prefix", causal_prefix, lambda: _with(
         problems(min_seqlen=2), t=lambda p: st.integers(0, p.dims.seqlen - 2),
         large=lambda p: st.booleans(), seed=_seeds)),

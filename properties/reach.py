@@ -41,6 +41,7 @@ from kernels.fwd_pass_state import MODES, fwd_pass_state_launches
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from kernels.ssd_forward import ForwardArrays, forward_plan
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
+from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices, ssd_scan_launch
 from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices
 from properties.profiles import Caps
@@ -214,8 +215,9 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
         scan = (a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z, a.seg, a.y,
                 a.final_states)
         return [] if needs_int64(*scan) else [
-            ssd_scan_launch(*scan, c, errors=a.errors) for c in ssd_scan_choices(a.x, a.B)
-            if params is None or c.occupancy == params["occupancy"]]
+            ssd_scan_launch(*scan, sm_count, c, errors=a.errors)
+            for c in ssd_scan_choices(a.x, a.B)
+            if params is None or (c.occupancy, c.warps) == (params["occupancy"], params["warps"])]
     choices = compute_out_choices(*a.compute_out_arrays())
     if params is not None:
         choices = compute_out_alone_choices(choices, params)
@@ -352,7 +354,8 @@ SCAN_KERNELS = ("_ssd_scan_kernel",)
 # ssd_scan_alone example may draw
 COMPUTE_OUT_PARAMS = tuple(dict(occupancy=o, block_t=t) for o in OCCUPANCIES for t in BLOCK_TS)
 KIND_PARAMS = {"compute_out_alone": COMPUTE_OUT_PARAMS,
-               "ssd_scan_alone": tuple(dict(occupancy=o) for o in SCAN_OCCUPANCIES)}
+               "ssd_scan_alone": tuple(dict(occupancy=o, warps=w) for o in SCAN_OCCUPANCIES
+                                         for w in SCAN_WORKER_WARPS)}
 
 
 def beyond_caps(sm_count: int) -> set[str]:

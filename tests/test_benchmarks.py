@@ -855,7 +855,7 @@ def _sweep_runnable(sweep, kernel, config):
         return (mod.rules_choice(batch, nheads, headdim, dstate, chunk, SWEEP_SM_COUNT),
                 [c for c in mod.CHOICES if c.mode in mod.modes(chunk)])
     if kernel == "ssd_scan":
-        return mod.RULES_CHOICE, mod.ssd_scan_choices(a["x"], a["B"])
+        return mod.rules_choice(a["x"], SWEEP_SM_COUNT), mod.ssd_scan_choices(a["x"], a["B"])
     arrays = sweep.compute_out_arrays(a)
     return (mod.rules_choice(a["x"], a["B"], a["dt_out"], None, False, SWEEP_SM_COUNT),
             mod.compute_out_choices(*arrays))
@@ -950,7 +950,8 @@ def test_sweep_labels_are_unique_stable_and_parse_back():
     assert sweep.label("fwd_pass_state", fwd_pass_state.Choice(
         "in_order", 128, 64, 128, None, 32)) == "in_order/k128/p64/n128/occdefault/pass32"
     assert sweep.label("chunk_cumsum", chunk_cumsum.Choice(16)) == "h16"
-    assert sweep.label("ssd_scan", ssd_scan.Choice(1, 2, 64)) == "scan_h1/occ2/p64"
+    assert sweep.label("ssd_scan", ssd_scan.Choice(1, 2, 64, None)) == "scan_h1/occ2/p64/wdefault"
+    assert sweep.label("ssd_scan", ssd_scan.Choice(1, 1, 64, 8)) == "scan_h1/occ1/p64/w8"
     with pytest.raises(ValueError, match="closest: token_blocks/h2/occ2/t64"):
         sweep.choice_of("token_blocks/h2/occ2/t65")
 

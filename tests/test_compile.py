@@ -81,6 +81,9 @@ CONFIGS = [
     ("options_but_seq_idx_chunk256", Dims(2, 1000, 8, 64, 2, 128, 256),
      dict(ALL_OPTIONS, seq_idx=False)),
     ("no_options_chunk256", Dims(1, 300, 4, 64, 1, 100, 256), dict()),
+    ("all_options_chunk256_bf16", Dims(2, 1000, 8, 64, 2, 128, 256),
+     dict(ALL_OPTIONS, dtype="bfloat16")),
+    ("no_options_chunk256_bf16", Dims(1, 300, 4, 64, 1, 100, 256), dict(dtype="bfloat16")),
     # dstate 256 at chunk 256: the two kernels where the scan runs elsewhere (one SM), so
     # fwd_pass_state runs in order in 128-token products (its two-per-SM object)
     ("dstate_256_chunk256", Dims(2, 1000, 8, 64, 1, 256, 256), dict(D="head")),
@@ -96,10 +99,12 @@ CONFIGS = [
 # checks D in chunk_cumsum instead) are compiled too: one per compute_out kernel object, every
 # option on (ssd_scan: where its arrays stay below 2^31 elements), and compute_out's program per
 # chunk with D per head and with no option (the forward takes the scan wherever that layout
-# would pay: it runs standalone, or tuned)
+# would pay: it runs standalone, or tuned); in bfloat16 every option and none, whose standalone
+# scans on an unbounded GPU are grids of fewer programs than SMs (the scan's other rules' object)
 STANDALONE_COMPUTE_OUT = ("all_options_chunk128", "options_but_seq_idx_chunk256",
                           "int64_all_options_chunk256", "mamba2_2p7b_chunk256",
-                          "no_options_chunk256")
+                          "no_options_chunk256", "all_options_chunk256_bf16",
+                          "no_options_chunk256_bf16")
 
 # the arrays in the inputs' dtype (options' "dtype", default float32); every other one is float32
 NARROW = ("x", "B", "C", "z", "y")
@@ -143,7 +148,7 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
                 arrays.initial_states, arrays.D, arrays.z, arrays.seg, arrays.y,
                 arrays.final_states)
         if not needs_int64(*scan):
-            plans.append([ssd_scan_launch(*scan, errors=arrays.errors)])
+            plans.append([ssd_scan_launch(*scan, sm_count, errors=arrays.errors)])
     return [launch for launches in plans for launch in launches]
 
 

@@ -7,7 +7,8 @@ import pytest
 import reference as R
 from contract import Dims
 from kernels import ssd_scan
-from kernels.ssd_scan import CHOICES, RULES_CHOICE, scan_runs, ssd_scan_choices
+from kernels.ssd_scan import (CHOICES, FEW_PROGRAMS_CHOICE, RULES_CHOICE, rules_choice, scan_runs,
+                              ssd_scan_choices)
 from properties.bounds import KAPPA
 from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
                     recorded_launches, step_options)
@@ -31,8 +32,8 @@ def _stage_inputs(case) -> tuple[dict, dict]:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=c.marks) for c in CASES])
 def test_ssd_scan_matches_reference(case, backend, request):
-    """Every choice the case's shape allows (heads per program x headdim block x occupancy; on
-    the interpreter, which reads no occupancy hint, at the rules' hint): y and final_states
+    """Every choice the case's shape allows (heads per program x headdim block x occupancy x
+    worker warps; on the interpreter, which reads no hint, at RULES_CHOICE's hints): y and final_states
     within the forward's kappa of the float64 reference of the same inputs (accumulation_length
     counts the scan's token-block boundaries)."""
     inputs, _ = _stage_inputs(case)
@@ -45,7 +46,8 @@ def test_ssd_scan_matches_reference(case, backend, request):
     choices = ssd_scan_choices(inputs["x"], inputs["B"])
     assert RULES_CHOICE in choices
     if backend == "interpreter":
-        choices = [c for c in choices if c.occupancy == RULES_CHOICE.occupancy]
+        choices = [c for c in choices
+                   if (c.occupancy, c.warps) == (RULES_CHOICE.occupancy, RULES_CHOICE.warps)]
     for choice in choices:
         with recorded_launches() as launches:
             y, final = ssd_scan(**on_backend(backend, inputs), choice=choice)
@@ -70,9 +72,12 @@ def test_two_heads_only_where_they_share_a_group():
 @pytest.mark.parametrize("dims, dtype, runs", [
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float32", True, id="mamba2_2p7b"),
     pytest.param(Dims(8, 2048, 24, 64, 1, 128, 256), "float32", True, id="mamba2_130m"),
-    # 80 programs on 132 SMs: the scan in bfloat16 (half a wave), the two kernels in float32
+    # 80 programs on 132 SMs: the scan in bfloat16 (0.4 of a wave or more), the two kernels in
+    # float32 (a wave or more)
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "bfloat16", True, id="long_seq_bf16"),
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float32", False, id="long_seq_fp32"),
+    pytest.param(Dims(1, 16384, 53, 64, 1, 128, 256), "bfloat16", True, id="53_programs_bf16"),
+    pytest.param(Dims(1, 16384, 52, 64, 1, 128, 256), "bfloat16", False, id="52_programs_bf16"),
     pytest.param(Dims(1, 4096, 24, 64, 1, 128, 256), "bfloat16", False, id="24_programs_bf16"),
     pytest.param(Dims(4, 4096, 80, 64, 1, 256, 256), "float32", False, id="dstate_256"),
     pytest.param(Dims(1, 2**24, 128, 64, 1, 128, 256), "float32", False, id="int64"),
@@ -82,6 +87,23 @@ def test_the_forward_takes_the_scan_where_its_grid_fills_the_gpu(dims, dtype, ru
     a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)  # noqa: E731
     arrays = (a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"), a("y"))
     assert scan_runs(a("x"), a("B"), a("dt_out"), arrays, H200_SMS) == runs
+
+
+@pytest.mark.parametrize("dims, dtype, few", [
+    pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "bfloat16", True, id="long_seq_bf16"),
+    pytest.param(Dims(1, 16384, 132, 64, 1, 128, 256), "bfloat16", True, id="one_wave_bf16"),
+    pytest.param(Dims(1, 16384, 133, 64, 1, 128, 256), "bfloat16", False, id="wave_plus_1_bf16"),
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "bfloat16", False, id="mamba2_2p7b_bf16"),
+    pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float32", False, id="long_seq_fp32"),
+    pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float16", False, id="long_seq_fp16"),
+])
+def test_a_bfloat16_grid_of_one_program_per_sm_or_fewer_runs_eight_worker_warps(dims, dtype,
+                                                                                  few):
+    from types import SimpleNamespace
+    x = SimpleNamespace(shape=dims.shape("x"), dtype=dtype)
+    expected = FEW_PROGRAMS_CHOICE["bfloat16"] if few else RULES_CHOICE
+    assert rules_choice(x, H200_SMS) == expected
+    assert expected.warps == (8 if few else None)
 
 
 def test_bad_arguments_are_refused_by_name_before_any_launch():
