@@ -169,6 +169,43 @@ def check_seq_idx(seq_idx, batch: int, seqlen: int):
         raise TypeError(f"seq_idx must be int32 (or int64), got {dtype_name(seq_idx)}")
 
 
+def check_cu_seqlens(cu_seqlens, dims: Dims, initial_states=None, float_dtypes=FLOAT_DTYPES
+                     ) -> int:
+    """cu_seqlens (num_seqs + 1,) int32/int64 offsets of the sequences packed in one row (batch
+    1), and initial_states, where given, one per sequence (num_seqs, nheads, headdim, dstate):
+    shapes and dtypes only (no value read); returns num_seqs. The values: cu_seqlens_values."""
+    (length,) = _shape("cu_seqlens", cu_seqlens, 1)
+    if dtype_name(cu_seqlens) not in ("int32", "int64"):
+        raise TypeError(f"cu_seqlens must be int32 or int64, got {dtype_name(cu_seqlens)}")
+    if length < 2:
+        raise ValueError(f"cu_seqlens must hold num_seqs + 1 >= 2 offsets, got {length}")
+    if dims.batch != 1:
+        raise ValueError(f"cu_seqlens packs sequences in one row: x must have batch 1, got "
+                         f"{dims.batch}")
+    num_seqs = length - 1
+    if initial_states is not None:
+        _expect("initial_states", initial_states,
+                (num_seqs, dims.nheads, dims.headdim, dims.dstate),
+                ("num_seqs", "nheads", "headdim", "dstate"))
+        _float("initial_states", initial_states, float_dtypes)
+    return num_seqs
+
+
+def cu_seqlens_values(cu_seqlens, seqlen: int) -> list[int]:
+    """The offsets of a host (NumPy) cu_seqlens, checked: starting at 0, non-decreasing, ending
+    at seqlen."""
+    offsets = [int(v) for v in np.asarray(cu_seqlens).ravel()]
+    if offsets[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
+    if any(b < a for a, b in zip(offsets, offsets[1:])):
+        k = next(i for i, (a, b) in enumerate(zip(offsets, offsets[1:])) if b < a)
+        raise ValueError(f"cu_seqlens must be non-decreasing, got {offsets[k]} then "
+                         f"{offsets[k + 1]} at {k}")
+    if offsets[-1] != seqlen:
+        raise ValueError(f"cu_seqlens must end at seqlen ({seqlen}), got {offsets[-1]}")
+    return offsets
+
+
 def _x_B_sizes(x, B, float_dtypes, activation_dtypes):
     """x and B checked together: (batch, seqlen, nheads, headdim, ngroups, dstate)."""
     batch, seqlen, nheads, headdim = _shape("x", x, 4)
