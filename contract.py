@@ -194,6 +194,10 @@ def check_cu_seqlens(cu_seqlens, dims: Dims, initial_states=None, float_dtypes=F
 def cu_seqlens_values(cu_seqlens, seqlen: int) -> list[int]:
     """The offsets of a host (NumPy) cu_seqlens, checked: starting at 0, non-decreasing, ending
     at seqlen."""
+    if hasattr(cu_seqlens, "get"):  # cupy: a copy to the host (it waits for the GPU)
+        cu_seqlens = cu_seqlens.get()
+    elif hasattr(cu_seqlens, "detach"):  # torch
+        cu_seqlens = cu_seqlens.detach().cpu().numpy()
     offsets = [int(v) for v in np.asarray(cu_seqlens).ravel()]
     if offsets[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")

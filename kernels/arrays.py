@@ -105,6 +105,22 @@ class Backend:
             return self.xp.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
         return self.xp.empty(shape, dtype=dtype)
 
+    def nan_filled(self, shape: tuple[int, ...], like=None):
+        """empty()'s array filled with NaN on the device (for outputs a bad argument the host
+        cannot see may leave unwritten)."""
+        out = self.empty(shape, like)
+        if self.kind == "torch":
+            return out.fill_(math.nan)
+        out.fill(math.nan)
+        return out
+
+    def contiguous_int32(self, a):
+        """`a` (integers) as a C-contiguous int32 array of the same kind (no copy when it
+        already is), converted on its device."""
+        if self.kind == "torch":
+            return a.to(dtype=self.xp.int32).contiguous()
+        return self.xp.ascontiguousarray(a, dtype=self.xp.int32)
+
     def segment_ids(self, seq_idx):
         """(batch, seqlen) int32 segment ids: the count of changes of seq_idx up to each token.
 

@@ -8,3 +8,5 @@ LOG2E = 1.4426950408889634  # log2(e): dA_cumsum is in log2 units, later exponen
 ERROR_A = 1
 ERROR_DT_BIAS = 2
 ERROR_D = 4
+# ssd_varlen: offsets that do not start at 0, decrease, or end short of or past seqlen
+ERROR_CU_SEQLENS = 8

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.constants import ERROR_A, ERROR_D, ERROR_DT_BIAS
+from kernels.constants import ERROR_A, ERROR_CU_SEQLENS, ERROR_D, ERROR_DT_BIAS
 
 SLOTS = 1024
 # int32 words from one slot to the next: each word starts 16-byte aligned, as every array
@@ -33,7 +33,8 @@ SLOTS = 1024
 STRIDE = 4
 
 MESSAGES = {ERROR_A: "A must be finite and < 0 for every head",
-            ERROR_DT_BIAS: "dt_bias must be finite", ERROR_D: "D must be finite"}
+            ERROR_DT_BIAS: "dt_bias must be finite", ERROR_D: "D must be finite",
+            ERROR_CU_SEQLENS: "cu_seqlens must start at 0, be non-decreasing and end at seqlen"}
 
 
 def describe(bits: int) -> list[str]:

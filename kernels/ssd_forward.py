@@ -11,14 +11,17 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from contract import (ACTIVATION_DTYPES, check_dt_limit, check_forward_args, check_vector_values,
-                      dtype_name)
+import numpy as np
+
+from contract import (ACTIVATION_DTYPES, check_cu_seqlens, check_dt_limit, check_forward_args,
+                      check_vector_values, cu_seqlens_values, dtype_name)
 from kernels import errors, tuning_table
 from kernels.arrays import backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
 from kernels.ssd_scan import scan_runs, ssd_scan_launch
+from kernels.ssd_varlen import ssd_varlen_launch
 
 # On the GPU an even batch that runs the three kernels (not the scan) runs as BATCH_PARTS slices
 # of the batch, each its three kernels in order, the second slice on a side stream
@@ -113,8 +116,9 @@ _NARROW = ("x", "B", "C", "z", "y")
 
 
 def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
-                seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-                return_final_states=False, *, check_values=None, batch_parts=None):
+                seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf),
+                return_final_states=False, return_varlen_states=False, *, check_values=None,
+                batch_parts=None):
     """y (batch, seqlen, nheads, headdim), or (y, final_states) with return_final_states;
     arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the GPU, on the
     current stream). x, B, C, z: float32, bfloat16 or float16, all four alike (read in that
@@ -137,8 +141,33 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     launch instead, raising at once: on the GPU a synchronisation per call, for debugging. The
     default, None, is True for NumPy inputs (the interpreter: no synchronisation to save) and
     False on the GPU; False on NumPy defers the error as on the GPU.
+
+    Packed variable-length rows (mamba_ssm's names): `cu_seqlens` (num_seqs + 1,) int32 or
+    int64, the offsets of the sequences packed in a row of batch 1 (starting at 0,
+    non-decreasing, ending at seqlen; an empty sequence is two equal offsets). Each sequence
+    runs as its own forward (run_varlen_forward: chunk_cumsum, then ssd_varlen, a program per
+    sequence and head); `initial_states`, where given, is one state per sequence, (num_seqs,
+    nheads, headdim, dstate). `return_varlen_states=True` returns (y, varlen_states), each
+    sequence's state after its last token (an empty one's: its initial state, or zeros),
+    (num_seqs, nheads, headdim, dstate) float32. seq_idx, where given with cu_seqlens, must be
+    each token's sequence (checked on NumPy inputs; the kernels read cu_seqlens only). Offsets
+    that are wrong are found as A's values are: on the host for NumPy inputs, else on the device
+    (the sequences' states NaN, y NaN where no sequence covers it, a ValueError naming
+    cu_seqlens from a later call).
     """
     errors.check_flag(check_values)
+    if return_varlen_states and cu_seqlens is None:
+        raise ValueError("return_varlen_states: needs cu_seqlens (the sequences' offsets)")
+    if cu_seqlens is not None:
+        if return_final_states:
+            raise ValueError("return_final_states: with cu_seqlens each sequence has its own "
+                             "final state: pass return_varlen_states=True instead")
+        if batch_parts is not None:
+            raise ValueError("batch_parts: a packed row (cu_seqlens) is one batch element")
+        y, varlen_states = run_varlen_forward(
+            x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+            dt_softplus, check_dt_limit(dt_limit), check_values)
+        return (y, varlen_states) if return_varlen_states else y
     _check_batch_parts(batch_parts)
     dt_limit = check_dt_limit(dt_limit)
     given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
@@ -172,6 +201,50 @@ def run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_i
         backend.launch_parts(plan.bind(arrays), stream)
         word.close()
     return arrays["y"], arrays["final_states"]
+
+
+def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                       cu_seqlens, dt_softplus, dt_limit, check_values):
+    """(y, varlen_states) of a packed row: every argument checked first (the values of A, D,
+    dt_bias and cu_seqlens as ssd_forward says), then chunk_cumsum (dt_out; it checks A, D and
+    dt_bias) and ssd_varlen on the caller's current stream."""
+    backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                         initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens)
+    dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                              seq_idx=seq_idx, dt_limit=dt_limit, float_dtypes=("float32",),
+                              activation_dtypes=ACTIVATION_DTYPES, check_values=False)
+    num_seqs = check_cu_seqlens(cu_seqlens, dims, initial_states, float_dtypes=("float32",))
+    check_grid(num_seqs, dims.nheads)
+    on_host = errors.check_on_host(check_values, backend)
+    if backend.kind == "numpy" and seq_idx is not None:
+        offsets = cu_seqlens_values(cu_seqlens, dims.seqlen)
+        each = np.repeat(np.arange(num_seqs), np.diff(offsets))
+        if not np.array_equal(np.asarray(seq_idx)[0], each):
+            raise ValueError("seq_idx: with cu_seqlens it must be each token's sequence "
+                             "(0 for the first sequence's tokens, 1 for the next, ...)")
+    with backend.on_device():
+        x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
+        dt, A, D, dt_bias, initial_states = (backend.contiguous_float32(a) for a in (
+            dt, A, D, dt_bias, initial_states))
+        cu = backend.contiguous_int32(cu_seqlens)
+        dt_out = backend.empty(dims.shape("dt_out"))
+        y = backend.nan_filled(dims.shape("y"), like=x)  # tokens no sequence covers stay NaN
+        varlen_states = backend.empty((num_seqs, dims.nheads, dims.headdim, dims.dstate))
+        dA_cumsum = backend.empty(dims.shape("dA_cumsum"))  # written, not read: ssd_varlen
+        # takes each block's cumsum itself
+        ssd_varlen_launch(x, B, C, dt_out, A, cu, initial_states, D, z, y, varlen_states)
+        if on_host:  # last before the launch: it waits
+            check_vector_values(A, D=D, dt_bias=dt_bias)
+            cu_seqlens_values(cu_seqlens, dims.seqlen)
+        stream = backend.current_stream()
+        word = errors.open_word(backend, "ssd_forward", stream)
+        backend.launch(*chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus,
+                                            dt_limit, errors=word.array, D=D), stream)
+        backend.launch(*ssd_varlen_launch(x, B, C, dt_out, A, cu, initial_states, D, z, y,
+                                          varlen_states, errors=word.array, check_D=False),
+                       stream)
+        word.close()
+    return y, varlen_states
 
 
 def _is_torch(a) -> bool:

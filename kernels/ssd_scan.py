@@ -34,8 +34,11 @@ class Choice(NamedTuple):
     warps: int | None  # WORKER_WARPS
 
 
+# two heads per program with eight worker warps only: at the compiler's own count, with the
+# options on (seq_idx, z, initial_states, D), tileiras 13.4 fails to compile them (SIGFPE, or
+# "Invalid use-def chain in LoopSchedule") for sm_90
 CHOICES = tuple(Choice(h, o, p, w) for h in HEADS for o in OCCUPANCIES for p in BLOCK_PS
-                for w in WORKER_WARPS)
+                for w in WORKER_WARPS if h == 1 or w is not None)
 
 # The rules' pick (rules_choice): one head and Mamba-2's whole headdim per program; two programs
 # per SM (RULES_CHOICE), but where the grid has at most one program per SM, for the dtypes of

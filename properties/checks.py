@@ -525,9 +525,19 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
     return _merge(*metrics)
 
 
+def three_kernels(p: Problem, backend: str):
+    """y of chunk_cumsum, fwd_pass_state and compute_out called in turn at their rules' choices:
+    the forward where it does not take the scan (a small grid on a GPU; never on the
+    interpreter, whose one SM takes the scan wherever it can run)."""
+    dt_out, dA = _call(chunk_cumsum, backend, p.dt, p.A, p.chunk_size, p.dt_bias, p.dt_softplus,
+                       p.dt_limit)
+    states, _ = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states, p.seq_idx)
+    return _call(compute_out, backend, p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx)
+
+
 def causal_prefix(p: Problem, backend: str) -> dict:
     """Changing x, B, C, dt at every position > t (to large finite values too) leaves
-    y[:, :t+1] bit-identical."""
+    y[:, :t+1] bit-identical: the forward's, and the three kernels' in turn (three_kernels)."""
     t, large = p.params["t"], p.params["large"]
     rng = np.random.default_rng(p.params["seed"])
     scale = 1e4 if large else 1.0
@@ -544,6 +554,9 @@ def causal_prefix(p: Problem, backend: str) -> dict:
     y2, _ = forward(p.replace(**changed), backend)
     check_identical(f"y[:, :{t + 1}] after changing x, B, C, dt beyond t={t}",
                     y2[:, :t + 1], y[:, :t + 1], p)
+    y, y2 = three_kernels(p, backend), three_kernels(p.replace(**changed), backend)
+    check_identical(f"the three kernels' y[:, :{t + 1}] after changing x, B, C, dt beyond "
+                    f"t={t}", y2[:, :t + 1], y[:, :t + 1], p)
     return {}
 
 

@@ -774,7 +774,7 @@ def test_scalar_arguments_are_typed_like_cutile():
         launch((1,), scale, (y, 0.5, 2**40))
 
 
-@pytest.mark.parametrize("op", ["gather", "atomic_add", "printf"])
+@pytest.mark.parametrize("op", ["atomic_add", "printf"])
 def test_unsupported_operations_raise_naming_them(op):
     y = np.zeros(4, np.float32)
 
@@ -932,3 +932,33 @@ def test_atomic_or_sets_every_programs_bit_and_skips_out_of_bounds_indices():
     assert old[2] == 0
     assert all(old[i] & ~0b1011 == 0 and not old[i] & (1 << i) for i in (0, 1, 3))
     assert sorted(bin(old[i]).count("1") for i in (0, 1, 3)) == [0, 1, 2]
+
+
+def test_gather_pads_and_scatter_stores_under_the_mask():
+    """gather: elements at tile indices, the padding value where masked off or out of bounds
+    (negative included); scatter: stores only where the mask holds and the index is inside."""
+    x = np.arange(10, dtype=np.float32)
+    y = nan_like(np.zeros(8, np.float32))
+
+    @ct.kernel
+    def shifted(x, y, START: ct.Constant[int]):
+        i = START + ct.arange(8, dtype=ct.int32)  # [8]: indices -2 ... 5 past START -2
+        v = ct.gather(x, i, mask=i != 3, padding_value=-1.0)
+        ct.scatter(y, ct.arange(8, dtype=ct.int32) + 1, v, mask=i < 4)
+
+    launch((1,), shifted, (x, y, -2))
+    # i = -2 -1 0 1 2 3 4 5: gathered -1 -1 0 1 2 -1 4 5; stored at 1 + k where i < 4
+    np.testing.assert_array_equal(y[1:7], [-1, -1, 0, 1, 2, -1])
+    assert np.isnan(y[0]) and np.isnan(y[7])
+
+
+def test_scatter_of_two_programs_to_one_element_is_refused():
+    y = nan_like(np.zeros(4, np.float32))
+
+    @ct.kernel
+    def racing(y):
+        ct.scatter(y, ct.arange(2, dtype=ct.int32), ct.full((2,), 1.0, dtype=ct.float32)
+                   * (ct.bid(0) + 1))
+
+    with pytest.raises(RuntimeError, match="store different values to the same element"):
+        launch((2,), racing, (y,))

@@ -17,9 +17,9 @@ LAYERS = {  # bottom to top; "x.*" means the submodules of x (not x itself)
     # the input contract, shared constants, array backends, the tuning table, the CPU interpreter
     0: ("contract", "kernels.constants", "kernels.arrays", "kernels.tuning_table",
         "kernels.errors", "kernels.torch_op", "kernels.interpreter", "kernels.interpreter.*"),
-    # the float64 references, and the four kernels with their launchers (PEERS)
+    # the float64 references, and the five kernels with their launchers (PEERS)
     1: ("reference", "reference.*", "kernels.chunk_cumsum", "kernels.fwd_pass_state",
-        "kernels.compute_out", "kernels.ssd_scan"),
+        "kernels.compute_out", "kernels.ssd_scan", "kernels.ssd_varlen"),
     # the forward pass: the kernels chained
     2: ("kernels.ssd_forward",),
     # the tuner, and the package's public surface (kernels/__init__.py)
@@ -30,7 +30,7 @@ LAYERS = {  # bottom to top; "x.*" means the submodules of x (not x itself)
     5: ("conftest", "tests", "tests.*"),
 }
 PEERS = ("kernels.chunk_cumsum", "kernels.fwd_pass_state", "kernels.compute_out",
-         "kernels.ssd_scan")  # no imports among them
+         "kernels.ssd_scan", "kernels.ssd_varlen")  # no imports among them
 SOURCES = ("contract.py", "conftest.py", "kernels/**/*.py", "reference/**/*.py",
            "properties/**/*.py", "benchmarks/**/*.py")
 REPO = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ def test_checker_on_synthetic_trees(tmp_path):
             "kernels/ssd_forward.py": "from kernels import chunk_cumsum, fwd_pass_state\n",
             "kernels/chunk_cumsum.py": "from kernels.constants import LOG2E\n",
             "kernels/fwd_pass_state.py": "", "kernels/compute_out.py": "from . import arrays\n",
-            "kernels/ssd_scan.py": "",
+            "kernels/ssd_scan.py": "", "kernels/ssd_varlen.py": "",
             "reference/__init__.py": "import contract\n", "properties/__init__.py": "",
             "properties/checks.py": "import reference\n",
             "benchmarks/__init__.py": "from properties import checks\n", "conftest.py": ""}

@@ -226,7 +226,7 @@ def test_mixed_cupy_and_torch_refused(kw):
 def test_public_names():
     assert set(kernels.__all__) == {"ssd_forward", "tune_forward", "chunk_cumsum", "fwd_pass_state",
                                     "compute_out", "ssd_scan", "raise_pending_errors"}
-    assert math.isinf(ssd_forward.__defaults__[-2][1])  # dt_limit defaults to (0, inf)
+    assert math.isinf(ssd_forward.__defaults__[-3][1])  # dt_limit defaults to (0, inf)
 
 
 def test_no_array_at_all_is_refused_by_name():

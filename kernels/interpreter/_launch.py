@@ -33,7 +33,7 @@ _OP_NAMES = (
     "astile", "reshape", "permute", "transpose", "expand_dims", "broadcast_to", "extract",
     "insert", "cat", "sum", "prod", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "scan",
     "static_assert", "assert_", "static_eval", "static_iter", "ensure_constant",
-    "assume_divisible_by", "atomic_or",
+    "assume_divisible_by", "atomic_or", "gather", "scatter",
 )
 
 # Names of cuda.tile that are not operations: dtypes, enums, annotations, decorators, errors.

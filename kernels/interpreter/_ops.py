@@ -836,6 +836,99 @@ def store(array, /, index, tile, *, order="C", check_bounds=True, latency=None, 
     view[src] = values[dst]
 
 
+def _element_indices(array: Array, indices, extra, what):
+    """(the index arrays broadcast with `extra`, extra broadcast, the in-bounds mask) of an
+    element-wise access: one integer tile or scalar per axis (a tile alone for a 1-d array)."""
+    if not isinstance(indices, tuple):
+        indices = (indices,)
+    if len(indices) != array.ndim:
+        raise TypeError(f"{what}: {len(indices)} indices for an array of rank {array.ndim}")
+    idx = []
+    for i in indices:
+        if isinstance(i, Tile) and not is_integral(i.dtype):
+            raise TypeError(f"{what}: indices must be integer tiles or scalars, got {i.dtype}")
+        idx.append(np.asarray(i._a if isinstance(i, Tile) else i, dtype=np.int64))
+    *idx, extra = np.broadcast_arrays(*idx, extra)
+    inside = np.ones(extra.shape, dtype=bool)
+    for i, n in zip(idx, array._a.shape):
+        inside &= (i >= 0) & (i < n)
+    return idx, extra, inside
+
+
+def _element_mask(mask, shape, what):
+    if mask is None:
+        return np.ones(shape, dtype=bool)
+    m = as_storage(mask, ct.bool_) if isinstance(mask, Tile) else np.asarray(bool(mask))
+    try:
+        return np.broadcast_to(m, shape)
+    except ValueError:
+        raise ValueError(f"{what}: mask of shape {m.shape} does not broadcast to {shape}") from None
+
+
+def gather(array, indices, /, *, mask=None, padding_value=0, check_bounds=True, latency=None):
+    """array[indices] element-wise (indices broadcast together): padding_value where the mask is
+    False or, with check_bounds, where an index is out of bounds (a negative one included)."""
+    array = _array(array, "gather")
+    idx, pad, inside = _element_indices(array, indices, as_storage(padding_value, array.dtype),
+                                        "gather")
+    wanted = _element_mask(mask, pad.shape, "gather")
+    if not check_bounds and not inside[wanted].all():
+        raise IndexError("gather: index out of bounds with check_bounds=False (undefined "
+                         "behaviour)")
+    take = wanted & inside
+    out = np.array(pad, dtype=STORAGE[array.dtype])
+    if take.any():
+        at = tuple(i[take] for i in idx)
+        _check_no_foreign_writes_at(array, at, "gather")
+        out[take] = array._a[at]
+    return Tile(out, array.dtype)
+
+
+def scatter(array, indices, value, /, *, mask=None, check_bounds=True, latency=None):
+    """array[indices] = value element-wise, where the mask is True and (with check_bounds) the
+    index is in bounds; two elements of one scatter never go to the same place here."""
+    array = _array(array, "scatter")
+    _check_store_cast(value, array.dtype)
+    idx, values, inside = _element_indices(array, indices, as_storage(value, array.dtype),
+                                           "scatter")
+    wanted = _element_mask(mask, values.shape, "scatter")
+    if not check_bounds and not inside[wanted].all():
+        raise IndexError("scatter: index out of bounds with check_bounds=False (undefined "
+                         "behaviour)")
+    put = wanted & inside
+    at = tuple(i[put] for i in idx)
+    flat = np.ravel_multi_index(at, array._a.shape) if at[0].size else np.zeros(0, np.int64)
+    if len(np.unique(flat)) != len(flat):
+        raise RuntimeError("scatter: two elements go to the same place: the result depends on "
+                           "the order of threads on the GPU")
+    ids = array.writers(create=True)
+    me = _state.program_id()
+    old, new = array._a[at], values[put]
+    same = old == new
+    if old.dtype.kind == "f":
+        same |= np.isnan(old) & np.isnan(new)
+    clash = (ids[at] >= 0) & (ids[at] != me) & ~same
+    if clash.any():
+        raise RuntimeError(f"scatter: programs {int(ids[at][clash][0])} and {me} store different "
+                           "values to the same element: the result depends on the order of "
+                           "programs on the GPU")
+    ids[at] = me
+    array._a[at] = new
+
+
+def _check_no_foreign_writes_at(array: Array, at, what):
+    ids = array.writers(create=False)
+    if ids is None:
+        return
+    ids = ids[at]
+    me = _state.program_id()
+    foreign = (ids >= 0) & (ids != me)
+    if foreign.any():
+        raise RuntimeError(f"{what}: this program ({me}) reads elements that program "
+                           f"{int(ids[foreign][0])} stored in the same launch: the result "
+                           "depends on the order of programs on the GPU")
+
+
 def atomic_or(array, indices, update, /, *, check_bounds=True,
               memory_order=ct.MemoryOrder.ACQ_REL, memory_scope=ct.MemoryScope.DEVICE):
     """Element-wise atomic OR of integer `update` into array[indices] (indices: a tuple of one

@@ -1,0 +1,147 @@
+"""ssd_varlen: y and each sequence's final state of a packed row (cu_seqlens), a program per
+(sequence, head, headdim block) carrying its state through its own sequence's tokens in
+registers, from the sequence's initial state: the sequences go in parallel, none reads another's
+tokens, and no chunk state goes through memory.
+
+A sequence starts anywhere in the row, so its token blocks are gathered (ct.gather) from its
+first token on, not loaded as tiles of the row's grid, and y is scattered back under the mask
+of the sequence's tokens; each block's decay cumsum is taken here, from dt_out and A, so that
+no decay crosses a sequence's start.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.tile as ct
+
+from contract import (ACTIVATION_DTYPES, check_cu_seqlens, check_forward_args, check_vector_values,
+                      cu_seqlens_values)
+from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
+                           mma_operand, needs_int64, pow2_tile)
+from kernels.constants import ERROR_CU_SEQLENS, LOG2E
+from kernels.errors import check_on_host, open_word
+
+BLOCK_T = 64  # tokens per step (at most the chunk: each block's cumsum is as long as a chunk's)
+OCCUPANCY = 2  # programs per SM: a sequence's steps are latency-bound, a second program hides it
+
+
+def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.IndexedWithInt64,
+                       dt_out: ct.IndexedWithInt64, A, cu_seqlens,
+                       initial_states: ct.IndexedWithInt64, D, z: ct.IndexedWithInt64,
+                       y: ct.IndexedWithInt64, varlen_states: ct.IndexedWithInt64, errors,
+                       CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
+                       BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
+                       HAS_D: ct.Constant[bool], D_PER_HEADDIM: ct.Constant[bool],
+                       HAS_Z: ct.Constant[bool], CHECK_D: ct.Constant[bool],
+                       HAS_INITIAL_STATES: ct.Constant[bool]):
+    """One program: y and the final state of sequence bid(2), head bid(1), headdim block bid(0),
+    token block by token block from the sequence's first token."""
+    i_p = ct.bid(0)
+    i_h = ct.bid(1)
+    i_s = ct.bid(2)
+    seqlen = x.shape[1]
+    headdim = x.shape[3]
+    i_g = i_h // (x.shape[2] // B.shape[2])  # the group the head reads
+    start = ct.gather(cu_seqlens, i_s)  # the sequence's tokens: start ... end - 1
+    end = ct.gather(cu_seqlens, i_s + 1)
+    # offsets that do not start at 0, decrease, or end past seqlen (or short of it): the error
+    # word's bit, and NaN for this sequence's y and state (y is NaN-filled by the launcher, so
+    # tokens no sequence covers stay NaN)
+    bad = (end < start) | (start < 0) | (end > seqlen)
+    bad = bad | ((i_s == 0) & (start != 0))
+    bad = bad | ((i_s == cu_seqlens.shape[0] - 2) & (end != seqlen))
+    ct.atomic_or(errors, ct.where(bad, 0, 1), ERROR_CU_SEQLENS)
+    if HAS_INITIAL_STATES:
+        S = ct.load(initial_states, (i_s, i_h, i_p, 0), shape=(1, 1, BLOCK_P, DSTATE),
+                    padding_mode=ct.PaddingMode.ZERO)
+        S = ct.reshape(S, (BLOCK_P, DSTATE))  # [BLOCK_P, DSTATE]
+    else:
+        S = ct.zeros((BLOCK_P, DSTATE), dtype=ct.float32)
+    if HAS_D:
+        skip = checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D)
+    a_h = ct.reshape(ct.load(A, (i_h,), shape=(1,)), (1, 1)) * LOG2E  # [1, 1], log2 units
+    p_col = ct.reshape(i_p * BLOCK_P + ct.arange(BLOCK_P, dtype=ct.int32), (1, BLOCK_P))
+    n_col = ct.reshape(ct.arange(DSTATE, dtype=ct.int32), (1, DSTATE))
+    rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
+    causal = rows <= ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # s <= t
+
+    # S: the state after the token before the block (the initial state before the first). A
+    # block's tokens see the earlier ones through S alone, as in ssd_scan: with a_t the block's
+    # own cumsum of dt A up to t (so 2^a_t is the decay from the state before the block),
+    # y_t = 2^a_t S . C_t + (C_t . B_s o L)(dt_s x_s), L[t, s] = 2^(a_t - a_s) for s <= t;
+    # then S <- 2^a_last S + (w o x)^T B, w_s = dt_s 2^(a_last - a_s). y is accumulated
+    # transposed, y^T [BLOCK_P, BLOCK_T] (x^T the product's first operand, as in ssd_scan).
+    for i_t in range(ct.cdiv(ct.maximum(end - start, 0), BLOCK_T)):
+        t = start + i_t * BLOCK_T + rows  # [BLOCK_T, 1]: the block's tokens
+        inside = t < end  # padding past the sequence's end: zero x, B, C and dt
+        xs = ct.gather(x, (0, t, i_h, p_col), mask=inside)  # [s, P], x's dtype
+        Bt = mma_operand(ct.gather(B, (0, t, i_g, n_col), mask=inside), B.dtype)  # [s, n]
+        Ct = ct.gather(C, (0, t, i_g, n_col), mask=inside)
+        CtT = mma_operand(ct.transpose(Ct), C.dtype)  # [n, t]
+        dt_s = ct.gather(dt_out, (0, i_h, t // CHUNK, t % CHUNK), mask=inside)  # [s, 1]
+        # the decay from the state before the block through each token, in fp32 (<= 0: dt >= 0,
+        # A < 0); the running minimum keeps it non-increasing wherever the GPU's scan groups the
+        # additions unevenly (as chunk_cumsum), so a_last is its last entry and its minimum
+        a_s = ct.scan(ct.cumsum(dt_s * a_h, axis=0), 0, ct.minimum, math.inf)  # [s, 1]
+        a_t = ct.reshape(a_s, (1, BLOCK_T))  # [1, t]
+        a_last = ct.reshape(ct.min(a_s), (1, 1))
+        cbT = ct.mma(Bt, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
+        # the state's term, [BLOCK_P, BLOCK_T]: 2^a_t S . C_t^T (a_t <= 0: no clamp needed)
+        acc = ct.mma(mma_operand(S, x.dtype), CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
+        acc = acc * ct.exp2(a_t)
+        # the block's own term: a select on a clamped exponent, so 2^(positive) is never formed
+        # above the diagonal and no inf * 0 can appear
+        LT = ct.where(causal, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
+        acc = ct.mma(mma_operand(ct.transpose(xs), x.dtype),
+                     mma_operand(cbT * LT * dt_s, x.dtype), acc)
+        if HAS_D:
+            acc = acc + skip * ct.transpose(xs.astype(ct.float32))
+        if HAS_Z:
+            zt = ct.gather(z, (0, t, i_h, p_col), mask=inside).astype(ct.float32)  # [s, P]
+            zt = ct.transpose(zt)  # [P, t]
+            # z * sigmoid(z) = z / (1 + 2^(-z log2 e)): -0 for very negative z, its limit
+            acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
+        acc = ct.where(bad, math.nan, acc)
+        # y[token, head, channel] <- y^T[channel, token] where the token is the sequence's
+        # (columns past headdim are out of bounds: not stored); y has x's dtype
+        ct.scatter(y, (0, ct.transpose(t), i_h, ct.transpose(p_col)), acc.astype(y.dtype),
+                   mask=ct.transpose(inside))
+        w = dt_s * ct.exp2(ct.minimum(a_last - a_s, 0.0))  # [s, 1], scales x's rows
+        xw = mma_operand(ct.transpose(xs.astype(ct.float32) * w), x.dtype)  # [P, s]
+        S = ct.mma(xw, Bt, S * ct.exp2(a_last))
+
+    S = ct.where(bad, math.nan, S)
+    ct.store(varlen_states, (i_s, i_h, i_p, 0), ct.reshape(S, (1, 1, BLOCK_P, DSTATE)))
+
+
+# The kernel object, int32 indices only (ssd_varlen runs where every array has fewer than 2^31
+# elements: kernels.arrays.int32_indexed of the function)
+_ssd_varlen = ct.kernel(int32_indexed(_ssd_varlen_kernel), occupancy=OCCUPANCY)
+
+
+def _tiles(headdim: int, dstate: int, chunk_size: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_P, DSTATE tile): a headdim block of at most 64 channels (a state tile
+    of [64, 128] fp32 is the largest the scan keeps in registers)."""
+    return (min(chunk_size, BLOCK_T), pow2_tile(headdim, lo=MMA_MIN, hi=64),
+            pow2_tile(dstate, lo=MMA_MIN))
+
+
+def ssd_varlen_launch(x, B, C, dt_out, A, cu_seqlens, initial_states, D, z, y, varlen_states,
+                      *, errors=None, check_D: bool = True):
+    """(kernel, grid, kernel args) of ssd_varlen: the one place its tiles are chosen. Reads only
+    shapes and dtypes. `cu_seqlens`: int32 offsets; `errors`: the call's error word; `check_D`:
+    whether a D that is not finite is reported here (ssd_forward checks D in chunk_cumsum)."""
+    _, _, nheads, headdim = (int(s) for s in x.shape)
+    num_seqs = int(cu_seqlens.shape[0]) - 1
+    block_t, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]))
+    args = (x, B, C, dt_out, A, cu_seqlens, x if initial_states is None else initial_states,
+            x if D is None else D, x if z is None else z, y, varlen_states, errors,
+            int(dt_out.shape[3]), block_t, block_p, dstate_tile, D is not None,
+            D is not None and len(D.shape) == 2, z is not None, D is not None and check_D,
+            initial_states is not None)
+    if needs_int64(*args):
+        raise ValueError("cu_seqlens: a packed row with an array of 2^31 elements or more is "
+                         "not supported (int32 indices only)")
+    grid = (-(-headdim // block_p), nheads, num_seqs)
+    return _ssd_varlen, grid, args
