@@ -2,6 +2,7 @@
 process (GPU only; torch, and each peer where it imports).
 
     python -m benchmarks.peers [--rows mamba2_2p7b,long_seq] [--dtype bfloat16] [--reps 10]
+    python -m benchmarks.peers --varlen [--dtype bfloat16] [--reps 10]
 
 Each row's inputs are benchmarks.configs.row_inputs (D per head, final states returned), x, B, C
 in --dtype. Timed: ssd_forward as called by default; mamba_ssm's mamba_chunk_scan_combined;
@@ -85,13 +86,76 @@ def row_calls(name: str, dtype: str) -> dict:
     return calls
 
 
+# --varlen: mamba_ssm's own varlen test shape, VARLEN_SEQS sequences of 1 to 199 tokens packed in
+# one row (seeded), nheads 64, headdim 64, dstate 32, at each (ngroups, chunk_size)
+VARLEN_SEQS = 300
+VARLEN_DIMS = dict(nheads=64, headdim=64, dstate=32)
+VARLEN_ROWS = tuple((g, q) for g in (1, 8) for q in (64, 128))
+
+
+def varlen_calls(ngroups: int, chunk_size: int, dtype: str) -> dict:
+    """{implementation: call} of one varlen row: cuTile (cu_seqlens, varlen states), mamba_ssm
+    (seq_idx, cu_seqlens, return_varlen_states), fla (cu_seqlens, a final state per sequence),
+    each peer where it imports."""
+    import numpy as np
+    import torch
+    import kernels
+    rng = np.random.default_rng(VARLEN_SEQS)
+    lengths = rng.integers(1, 200, VARLEN_SEQS)
+    seqlen, h, p, n = int(lengths.sum()), *VARLEN_DIMS.values()
+    gen = torch.Generator(device="cuda").manual_seed(ngroups * 1000 + chunk_size)
+    dev, narrow = "cuda", getattr(torch, dtype)
+    x = torch.randn(1, seqlen, h, p, device=dev, generator=gen).to(narrow)
+    dt = torch.exp(torch.empty(1, seqlen, h, device=dev).uniform_(-6.9, -2.3, generator=gen))
+    A = -torch.empty(h, device=dev).uniform_(1.0, 16.0, generator=gen)
+    B = torch.randn(1, seqlen, ngroups, n, device=dev, generator=gen).to(narrow)
+    C = torch.randn(1, seqlen, ngroups, n, device=dev, generator=gen).to(narrow)
+    D = torch.randn(h, device=dev, generator=gen)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=dev)
+    seq_idx = torch.repeat_interleave(torch.arange(VARLEN_SEQS, dtype=torch.int32, device=dev),
+                                      torch.from_numpy(lengths).to(dev))[None]
+    args = (x, dt, A, B, C, chunk_size)
+    calls = {"cutile": lambda: kernels.ssd_forward(*args, D=D, cu_seqlens=cu,
+                                                   return_varlen_states=True)}
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception as e:
+        print(f"mamba_ssm not timed ({type(e).__name__}: {e})")
+    else:
+        calls["mamba_ssm"] = lambda: mamba_chunk_scan_combined(
+            *args, D=D, seq_idx=seq_idx, cu_seqlens=cu, return_varlen_states=True)
+    try:
+        from fla.ops.simple_gla.chunk import chunk_simple_gla
+    except Exception as e:
+        print(f"flash-linear-attention not timed ({type(e).__name__}: {e})")
+    else:
+        inputs = fla_inputs(x, dt, A, B, C)
+        cu_long = cu.long()
+        calls["fla"] = lambda: chunk_simple_gla(**inputs, scale=1.0, output_final_state=True,
+                                                cu_seqlens=cu_long)
+    return calls
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peers",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default=",".join(ANCHORS))
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--varlen", action="store_true",
+                        help="the packed varlen rows (VARLEN_ROWS) instead of the anchors")
     args = parser.parse_args(argv)
+    if args.varlen:
+        print("| ngroups | chunk | dtype | cuTile ms | mamba_ssm ms | fla ms |\n"
+              "|---|---|---|---|---|---|")
+        for ngroups, chunk_size in VARLEN_ROWS:
+            calls = varlen_calls(ngroups, chunk_size, args.dtype)
+            times = {impl: gpu_ms(call, args.reps) for impl, call in calls.items()}
+            cells = [f"{times[i]:.3f}" if i in times else "-"
+                     for i in ("cutile", "mamba_ssm", "fla")]
+            print(f"| {ngroups} | {chunk_size} | {args.dtype} | " + " | ".join(cells) + " |",
+                  flush=True)
+        return 0
     rows = args.rows.split(",")
     unknown = [r for r in rows if r not in ANCHORS]
     if unknown:

@@ -241,7 +241,7 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
         backend.launch(*chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus,
                                             dt_limit, errors=word.array, D=D), stream)
         backend.launch(*ssd_varlen_launch(x, B, C, dt_out, A, cu, initial_states, D, z, y,
-                                          varlen_states, errors=word.array, check_D=False),
+                                          varlen_states, errors=word.array),
                        stream)
         word.close()
     return y, varlen_states

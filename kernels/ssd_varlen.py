@@ -15,12 +15,8 @@ import math
 
 import cuda.tile as ct
 
-from contract import (ACTIVATION_DTYPES, check_cu_seqlens, check_forward_args, check_vector_values,
-                      cu_seqlens_values)
-from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
-                           mma_operand, needs_int64, pow2_tile)
+from kernels.arrays import MMA_MIN, checked_D, int32_indexed, mma_operand, needs_int64, pow2_tile
 from kernels.constants import ERROR_CU_SEQLENS, LOG2E
-from kernels.errors import check_on_host, open_word
 
 BLOCK_T = 64  # tokens per step (at most the chunk: each block's cumsum is as long as a chunk's)
 OCCUPANCY = 2  # programs per SM: a sequence's steps are latency-bound, a second program hides it
@@ -33,8 +29,7 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
                        CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
                        BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
                        HAS_D: ct.Constant[bool], D_PER_HEADDIM: ct.Constant[bool],
-                       HAS_Z: ct.Constant[bool], CHECK_D: ct.Constant[bool],
-                       HAS_INITIAL_STATES: ct.Constant[bool]):
+                       HAS_Z: ct.Constant[bool], HAS_INITIAL_STATES: ct.Constant[bool]):
     """One program: y and the final state of sequence bid(2), head bid(1), headdim block bid(0),
     token block by token block from the sequence's first token."""
     i_p = ct.bid(0)
@@ -58,8 +53,8 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
         S = ct.reshape(S, (BLOCK_P, DSTATE))  # [BLOCK_P, DSTATE]
     else:
         S = ct.zeros((BLOCK_P, DSTATE), dtype=ct.float32)
-    if HAS_D:
-        skip = checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D)
+    if HAS_D:  # a D that is not finite makes its y NaN; chunk_cumsum reports it
+        skip = checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, False)
     a_h = ct.reshape(ct.load(A, (i_h,), shape=(1,)), (1, 1)) * LOG2E  # [1, 1], log2 units
     p_col = ct.reshape(i_p * BLOCK_P + ct.arange(BLOCK_P, dtype=ct.int32), (1, BLOCK_P))
     n_col = ct.reshape(ct.arange(DSTATE, dtype=ct.int32), (1, DSTATE))
@@ -128,18 +123,17 @@ def _tiles(headdim: int, dstate: int, chunk_size: int) -> tuple[int, int, int]:
 
 
 def ssd_varlen_launch(x, B, C, dt_out, A, cu_seqlens, initial_states, D, z, y, varlen_states,
-                      *, errors=None, check_D: bool = True):
+                      *, errors=None):
     """(kernel, grid, kernel args) of ssd_varlen: the one place its tiles are chosen. Reads only
-    shapes and dtypes. `cu_seqlens`: int32 offsets; `errors`: the call's error word; `check_D`:
-    whether a D that is not finite is reported here (ssd_forward checks D in chunk_cumsum)."""
+    shapes and dtypes. `cu_seqlens`: int32 offsets; `errors`: the call's error word (None only
+    in a launch that is planned, never run)."""
     _, _, nheads, headdim = (int(s) for s in x.shape)
     num_seqs = int(cu_seqlens.shape[0]) - 1
     block_t, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]))
     args = (x, B, C, dt_out, A, cu_seqlens, x if initial_states is None else initial_states,
             x if D is None else D, x if z is None else z, y, varlen_states, errors,
             int(dt_out.shape[3]), block_t, block_p, dstate_tile, D is not None,
-            D is not None and len(D.shape) == 2, z is not None, D is not None and check_D,
-            initial_states is not None)
+            D is not None and len(D.shape) == 2, z is not None, initial_states is not None)
     if needs_int64(*args):
         raise ValueError("cu_seqlens: a packed row with an array of 2^31 elements or more is "
                          "not supported (int32 indices only)")

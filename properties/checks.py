@@ -560,6 +560,55 @@ def causal_prefix(p: Problem, backend: str) -> dict:
     return {}
 
 
+def packed_offsets(seqlen: int, lengths: list[int]) -> np.ndarray:
+    """cu_seqlens of a row of seqlen tokens: sequences of `lengths` in turn while they fit, the
+    last one cut to what is left, then one more sequence with the rest (if any)."""
+    offsets = [0]
+    for n in lengths:
+        offsets.append(min(offsets[-1] + n, seqlen))
+    if offsets[-1] < seqlen or len(offsets) == 1:
+        offsets.append(seqlen)
+    return np.asarray(offsets, np.int32)
+
+
+def varlen_packed(p: Problem, backend: str) -> dict:
+    """The first batch row of p cut into sequences at the drawn lengths (0, 1, chunk - 1, chunk,
+    chunk + 1 and several chunks among the draws; packed_offsets), each from its own random
+    initial state: ssd_forward(cu_seqlens=...) equals a call per sequence, y and each
+    sequence's final state within that sequence's own forward bounds (forward_bounds of the
+    sequence alone); an empty sequence's state is its initial state, bit for bit."""
+    row = lambda a: None if a is None else a[:1]  # noqa: E731
+    q = p.replace(x=row(p.x), dt=row(p.dt), B=row(p.B), C=row(p.C), z=row(p.z), seq_idx=None,
+                  initial_states=None)
+    d = q.dims
+    cu = packed_offsets(d.seqlen, p.params["lengths"])
+    num_seqs = len(cu) - 1
+    rng = np.random.default_rng(p.params["seed"])
+    h0 = rng.standard_normal((num_seqs, d.nheads, d.headdim, d.dstate)).astype(np.float32)
+    opts = dict(D=q.D, z=q.z, dt_bias=q.dt_bias, dt_softplus=q.dt_softplus, dt_limit=q.dt_limit)
+    y, states = _call(ssd_forward, backend, q.x, q.dt, q.A, q.B, q.C, q.chunk_size,
+                      initial_states=h0, cu_seqlens=cu, return_varlen_states=True, **opts)
+    metrics = []
+    for k in range(num_seqs):
+        lo, hi = int(cu[k]), int(cu[k + 1])
+        if lo == hi:
+            check_identical(f"sequence {k}'s state (empty: its initial state)", states[k], h0[k],
+                            q)
+            continue
+        cut = lambda a: None if a is None else a[:, lo:hi]  # noqa: E731
+        alone = q.replace(x=cut(q.x), dt=cut(q.dt), B=cut(q.B), C=cut(q.C), z=cut(q.z),
+                          initial_states=h0[k:k + 1])
+        y_ref, final_ref = R.ssd_recurrent(alone.x, alone.dt, alone.A, alone.B, alone.C,
+                                           **alone.options())
+        b = forward_bounds(alone)
+        metrics += [check_close(f"sequence {k} (tokens {lo}:{hi}) y", y[:, lo:hi], y_ref, b.y,
+                                b.M, alone, label="y", floor=b.floor),
+                    check_close(f"sequence {k} (tokens {lo}:{hi}) state", states[k:k + 1],
+                                final_ref, b.final, b.final_M, alone, label="state",
+                                floor=b.floor)]
+    return _merge(*metrics)
+
+
 def cumsum_non_increasing(p: Problem, backend: str) -> dict:
     """chunk_cumsum's dA_cumsum: finite, <= 0, non-increasing within every chunk."""
     _, dA = _call(chunk_cumsum, backend, p.dt, p.A, p.chunk_size, p.dt_bias, p.dt_softplus,
@@ -785,6 +834,14 @@ PROPERTIES = {prop.name: prop for prop in [
     Property("causal_prefix", causal_prefix, lambda: _with(
         problems(min_seqlen=2), t=lambda p: st.integers(0, p.dims.seqlen - 2),
         large=lambda p: st.booleans(), seed=_seeds)),
+    # lengths around the chunk (0, 1, chunk - 1, chunk, chunk + 1), several chunks, any
+    Property("varlen_packed", varlen_packed, lambda: _with(
+        problems(initial_states=False, segments=False),
+        lengths=lambda p: st.lists(st.one_of(
+            st.sampled_from((0, 1, p.chunk_size - 1, p.chunk_size, p.chunk_size + 1,
+                             2 * p.chunk_size + 3)),
+            st.integers(0, p.dims.seqlen)), min_size=1, max_size=8),
+        seed=_seeds)),
     Property("cumsum_non_increasing", cumsum_non_increasing,
              lambda: st.one_of(problems(), problems(extreme=True))),
     Property("chunk_size_invariance", chunk_size_invariance, lambda: _with(

@@ -36,6 +36,7 @@ import cuda.tile as ct
 
 from contract import Dims
 from kernels.arrays import Backend, index_dtype, needs_int64
+from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, compute_out_choices, compute_out_launch
 from kernels.fwd_pass_state import MODES, fwd_pass_state_launches
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
@@ -43,6 +44,7 @@ from kernels.ssd_forward import ForwardArrays, forward_plan
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices, ssd_scan_launch
+from kernels.ssd_varlen import ssd_varlen_launch
 from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices
 from properties.profiles import Caps
 from properties.strategies import drawable
@@ -145,9 +147,19 @@ def _ssd_scan(a: dict) -> dict:
             "initial_states": a["HAS_INITIAL_STATES"], "seq_idx": a["HAS_SEQ_IDX"]}
 
 
+def _ssd_varlen(a: dict) -> dict:
+    x, B = a["x"], a["B"]
+    return {"headdim blocks": _blocks(x.shape[3], a["BLOCK_P"]), "block_t": a["BLOCK_T"],
+            "dstate tile": "full" if B.shape[3] == a["DSTATE"] else "padded",
+            "groups": _count(B.shape[2]), "D": ("channel" if a["D_PER_HEADDIM"] else "head")
+            if a["HAS_D"] else "none", "z": a["HAS_Z"],
+            "initial_states": a["HAS_INITIAL_STATES"]}
+
+
 CLASSES_OF = {"_chunk_cumsum_kernel": _chunk_cumsum, "_fwd_pass_state_kernel": _fwd_pass_state,
               "_state_pass_kernel": _state_pass, "_compute_out_kernel": _compute_out,
-              "_compute_out_chunk_kernel": _compute_out, "_ssd_scan_kernel": _ssd_scan}
+              "_compute_out_chunk_kernel": _compute_out, "_ssd_scan_kernel": _ssd_scan,
+              "_ssd_varlen_kernel": _ssd_varlen}
 
 
 def classes(kernel, grid, args) -> set[str]:
@@ -200,7 +212,16 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
     "fwd_pass_state_alone" (each mode at each tile set of FWD_PASS_STATE_TILES),
     "compute_out_alone" (its choices at `params`' occupancy and token block, as
     properties.checks.compute_out_alone runs them; every choice where params is None),
-    "ssd_scan_alone" (its choices at `params`' occupancy; all where params is None)."""
+    "ssd_scan_alone" (its choices at `params`' occupancy; all where params is None),
+    "varlen_packed" (ssd_forward on the problem's first row packed, initial states per
+    sequence: chunk_cumsum and ssd_varlen)."""
+    if kind == "varlen_packed":
+        a = _arrays(dataclasses.replace(d, batch=1), dict(opts, initial_states=True))
+        states = _Stand((2, d.nheads, d.headdim, d.dstate))  # 2 sequences: a stand-in count
+        return [chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
+                                    a.dt_limit, errors=a.errors, D=a.D),
+                ssd_varlen_launch(a.x, a.B, a.C, a.dt_out, a.A, _Stand((3,), "int32"), states,
+                                  a.D, a.z, a.y, states, errors=a.errors)]
     a = _arrays(d, opts)
     if kind == "forward":
         return [launch for part in forward_plan(a, sm_count, 1) for launch in part]
@@ -232,7 +253,8 @@ def launches(d: Dims, opts: dict, sm_count: int):
     return [launch for kind in KINDS for launch in kind_launches(kind, d, opts, sm_count)]
 
 
-KINDS = ("forward", "fwd_pass_state_alone", "compute_out_alone", "ssd_scan_alone")
+KINDS = ("forward", "fwd_pass_state_alone", "compute_out_alone", "ssd_scan_alone",
+         "varlen_packed")
 
 
 def _sizes(cap: int) -> list[int]:

@@ -29,9 +29,11 @@ from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSig
 
 from contract import Dims
 from kernels.arrays import index_dtype, needs_int64
+from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts
 from kernels.ssd_scan import ssd_scan_launch
+from kernels.ssd_varlen import ssd_varlen_launch
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
 
@@ -106,6 +108,19 @@ STANDALONE_COMPUTE_OUT = ("all_options_chunk128", "options_but_seq_idx_chunk256"
                           "no_options_chunk256", "all_options_chunk256_bf16",
                           "no_options_chunk256_bf16")
 
+# packed rows (cu_seqlens, batch 1): ssd_forward's launches of chunk_cumsum and ssd_varlen, every
+# option (D per channel, z, initial states per sequence) on and off, float32 and bfloat16, at the
+# chunk sizes whose token block differs (chunk 16: 16 tokens; 64: 64)
+VARLEN_CONFIGS = [
+    ("varlen_all_options_chunk64", Dims(1, 3000, 8, 64, 2, 128, 64), 300,
+     dict(ALL_OPTIONS, seq_idx=False)),
+    ("varlen_no_options_chunk16_bf16", Dims(1, 1000, 4, 64, 1, 32, 16), 7,
+     dict(dtype="bfloat16")),
+    ("varlen_all_options_chunk64_bf16", Dims(1, 3000, 64, 64, 8, 32, 64), 300,
+     dict(ALL_OPTIONS, seq_idx=False, dtype="bfloat16")),
+    ("varlen_no_options_chunk128", Dims(1, 1000, 4, 64, 1, 32, 128), 7, dict()),
+]
+
 # the arrays in the inputs' dtype (options' "dtype", default float32); every other one is float32
 NARROW = ("x", "B", "C", "z", "y")
 
@@ -152,6 +167,24 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
     return [launch for launches in plans for launch in launches]
 
 
+def varlen_launches(dims: Dims, num_seqs: int, opts: dict) -> list:
+    """ssd_forward's [(kernel, grid, args)] of a packed row of num_seqs sequences (its
+    run_varlen_forward: chunk_cumsum, then ssd_varlen), on stand-ins."""
+    dtype = opts.get("dtype", "float32")
+    a = lambda name: ArraySpec(dims.shape(name), dtype if name in NARROW else "float32")
+    D = {"head": ArraySpec((dims.nheads,)), "channel": a("D")}.get(opts.get("D"))
+    states = (num_seqs, dims.nheads, dims.headdim, dims.dstate)
+    errors = ArraySpec((1,), "int32")
+    return [chunk_cumsum_launch(a("dt"), a("A"), a("dt_bias") if opts.get("dt_bias") else None,
+                                a("dt_out"), a("dA_cumsum"), opts.get("dt_softplus", False),
+                                opts.get("dt_limit", (0.0, math.inf)), errors=errors, D=D),
+            ssd_varlen_launch(a("x"), a("B"), a("C"), a("dt_out"), a("A"),
+                              ArraySpec((num_seqs + 1,), "int32"),
+                              ArraySpec(states) if opts.get("initial_states") else None, D,
+                              a("z") if opts.get("z") else None, a("y"), ArraySpec(states),
+                              errors=errors)]
+
+
 def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:
     """What ct.launch assumes of a C-contiguous, 16-byte aligned array of this shape (read from
     the symbols of kernels it launched on the H200): unit dimensions and the last stride are
@@ -187,7 +220,8 @@ def signature(kernel, args) -> KernelSignature:
 
 # every kernel object the kernel modules define, by its name there: the int32 and the int64
 # object of a kernel, and one with other compiler hints (occupancy), are compiled on their own
-KERNELS = {name: obj for stage in ("chunk_cumsum", "fwd_pass_state", "compute_out", "ssd_scan")
+KERNELS = {name: obj for stage in ("chunk_cumsum", "fwd_pass_state", "compute_out", "ssd_scan",
+                                   "ssd_varlen")
            for name, obj in vars(importlib.import_module(f"kernels.{stage}")).items()
            if isinstance(obj, ct.kernel)}
 KERNEL_NAMES = {id(obj): name for name, obj in KERNELS.items()}
@@ -196,17 +230,20 @@ KERNEL_NAMES = {id(obj): name for name, obj in KERNELS.items()}
 def specializations() -> dict:
     """{kernel name: (kernel, [launch args])}, each distinct specialization once."""
     found = {}
-    for (config, dims, opts), sm_count in itertools.product(CONFIGS, SM_COUNTS):
-        for kernel, _, args in config_launches(dims, opts, sm_count,
-                                               alone=config in STANDALONE_COMPUTE_OUT):
-            name = KERNEL_NAMES.get(id(kernel))
-            assert name is not None, (
-                f"{config}: the launcher chose a {kernel._pyfunc.__name__} object that no kernel "
-                f"module defines at top level, so the compile gate cannot name it")
-            key = tuple(repr(array_constraint(a, ct.int32)) if isinstance(a, ArraySpec)
-                        else (type(a), a) for a in args)
-            entry = found.setdefault(name, (kernel, {}))
-            entry[1].setdefault(key, args)
+    launches = [(config, launch) for (config, dims, opts), sm_count in itertools.product(
+        CONFIGS, SM_COUNTS) for launch in config_launches(
+            dims, opts, sm_count, alone=config in STANDALONE_COMPUTE_OUT)]
+    launches += [(config, launch) for config, dims, num_seqs, opts in VARLEN_CONFIGS
+                 for launch in varlen_launches(dims, num_seqs, opts)]
+    for config, (kernel, _, args) in launches:
+        name = KERNEL_NAMES.get(id(kernel))
+        assert name is not None, (
+            f"{config}: the launcher chose a {kernel._pyfunc.__name__} object that no kernel "
+            f"module defines at top level, so the compile gate cannot name it")
+        key = tuple(repr(array_constraint(a, ct.int32)) if isinstance(a, ArraySpec)
+                    else (type(a), a) for a in args)
+        entry = found.setdefault(name, (kernel, {}))
+        entry[1].setdefault(key, args)
     return {name: (kernel, list(by_key.values())) for name, (kernel, by_key) in found.items()}
 
 

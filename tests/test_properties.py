@@ -67,6 +67,11 @@ def test_causal_prefix_unchanged_by_later_tokens(problem, backend, reach):
     check("causal_prefix", problem, backend, reach)
 
 
+@given(problem=PROPERTIES["varlen_packed"].strategy())
+def test_varlen_packed_equals_a_call_per_sequence(problem, backend, reach):
+    check("varlen_packed", problem, backend, reach)
+
+
 @given(problem=PROPERTIES["seq_idx_packing"].strategy())
 def test_seq_idx_packing_equals_separate_calls(problem, backend, reach):
     check("seq_idx_packing", problem, backend, reach)
