@@ -576,14 +576,16 @@ def varlen_packed(p: Problem, backend: str) -> dict:
     chunk + 1 and several chunks among the draws; packed_offsets), each from its own random
     initial state: ssd_forward(cu_seqlens=...) equals a call per sequence, y and each
     sequence's final state within that sequence's own forward bounds (forward_bounds of the
-    sequence alone); an empty sequence's state is its initial state, bit for bit."""
+    sequence alone); an empty sequence's state is its initial state, bit for bit. Without
+    drawn lengths (a cover problem): 0, 1, chunk - 1, chunk, chunk + 1, then the rest."""
     row = lambda a: None if a is None else a[:1]  # noqa: E731
     q = p.replace(x=row(p.x), dt=row(p.dt), B=row(p.B), C=row(p.C), z=row(p.z), seq_idx=None,
                   initial_states=None)
     d = q.dims
-    cu = packed_offsets(d.seqlen, p.params["lengths"])
+    q_size = q.chunk_size
+    cu = packed_offsets(d.seqlen, p.params.get("lengths", [0, 1, q_size - 1, q_size, q_size + 1]))
     num_seqs = len(cu) - 1
-    rng = np.random.default_rng(p.params["seed"])
+    rng = np.random.default_rng(p.params.get("seed", 0))
     h0 = rng.standard_normal((num_seqs, d.nheads, d.headdim, d.dstate)).astype(np.float32)
     opts = dict(D=q.D, z=q.z, dt_bias=q.dt_bias, dt_softplus=q.dt_softplus, dt_limit=q.dt_limit)
     y, states = _call(ssd_forward, backend, q.x, q.dt, q.A, q.B, q.C, q.chunk_size,

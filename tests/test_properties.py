@@ -128,7 +128,8 @@ def test_linearity_in_x(problem, backend, reach):
 # One test each, so that pytest-xdist spreads them over its processes.
 COVER = cover(caps(), 1) if caps().reach else ()
 COVER_PROPERTY = {"forward": "forward_tf32_bound", "fwd_pass_state_alone": "fwd_pass_state_alone",
-                  "compute_out_alone": "compute_out_alone", "ssd_scan_alone": "ssd_scan_alone"}
+                  "compute_out_alone": "compute_out_alone", "ssd_scan_alone": "ssd_scan_alone",
+                  "varlen_packed": "varlen_packed"}
 
 
 @pytest.mark.parametrize("kind, dims, options, params", COVER,
