@@ -865,17 +865,23 @@ def _element_mask(mask, shape, what):
         raise ValueError(f"{what}: mask of shape {m.shape} does not broadcast to {shape}") from None
 
 
+def _element_access(array: Array, indices, extra, mask, check_bounds, what):
+    """(index arrays, extra, where the access happens) of a gather or scatter: indices and
+    `extra` (its padding or values) broadcast together, the mask and the bounds applied."""
+    idx, extra, inside = _element_indices(array, indices, extra, what)
+    wanted = _element_mask(mask, extra.shape, what)
+    if not check_bounds and not inside[wanted].all():
+        raise IndexError(f"{what}: index out of bounds with check_bounds=False (undefined "
+                         "behaviour)")
+    return idx, extra, wanted & inside
+
+
 def gather(array, indices, /, *, mask=None, padding_value=0, check_bounds=True, latency=None):
     """array[indices] element-wise (indices broadcast together): padding_value where the mask is
     False or, with check_bounds, where an index is out of bounds (a negative one included)."""
     array = _array(array, "gather")
-    idx, pad, inside = _element_indices(array, indices, as_storage(padding_value, array.dtype),
-                                        "gather")
-    wanted = _element_mask(mask, pad.shape, "gather")
-    if not check_bounds and not inside[wanted].all():
-        raise IndexError("gather: index out of bounds with check_bounds=False (undefined "
-                         "behaviour)")
-    take = wanted & inside
+    idx, pad, take = _element_access(array, indices, as_storage(padding_value, array.dtype),
+                                     mask, check_bounds, "gather")
     out = np.array(pad, dtype=STORAGE[array.dtype])
     if take.any():
         at = tuple(i[take] for i in idx)
@@ -889,13 +895,8 @@ def scatter(array, indices, value, /, *, mask=None, check_bounds=True, latency=N
     index is in bounds; two elements of one scatter never go to the same place here."""
     array = _array(array, "scatter")
     _check_store_cast(value, array.dtype)
-    idx, values, inside = _element_indices(array, indices, as_storage(value, array.dtype),
-                                           "scatter")
-    wanted = _element_mask(mask, values.shape, "scatter")
-    if not check_bounds and not inside[wanted].all():
-        raise IndexError("scatter: index out of bounds with check_bounds=False (undefined "
-                         "behaviour)")
-    put = wanted & inside
+    idx, values, put = _element_access(array, indices, as_storage(value, array.dtype), mask,
+                                       check_bounds, "scatter")
     at = tuple(i[put] for i in idx)
     flat = np.ravel_multi_index(at, array._a.shape) if at[0].size else np.zeros(0, np.int64)
     if len(np.unique(flat)) != len(flat):
