@@ -114,12 +114,14 @@ class Backend:
         out.fill(math.nan)
         return out
 
-    def contiguous_int32(self, a):
-        """`a` (integers) as a C-contiguous int32 array of the same kind (no copy when it
-        already is), converted on its device."""
+    def offsets_int32(self, a, limit: int):
+        """Integer offsets `a` as a C-contiguous int32 array of the same kind, converted on its
+        device: a value outside [0, limit] becomes -1 (an int64 offset must not wrap into a
+        plausible one), which the kernel reading them refuses."""
+        xp = self.xp
         if self.kind == "torch":
-            return a.to(dtype=self.xp.int32).contiguous()
-        return self.xp.ascontiguousarray(a, dtype=self.xp.int32)
+            return xp.where((a < 0) | (a > limit), -1, a).to(dtype=xp.int32).contiguous()
+        return xp.ascontiguousarray(xp.where((a < 0) | (a > limit), -1, a), dtype=xp.int32)
 
     def segment_ids(self, seq_idx):
         """(batch, seqlen) int32 segment ids: the count of changes of seq_idx up to each token.

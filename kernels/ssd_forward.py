@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import math
 import threading
+import types
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -16,7 +17,7 @@ import numpy as np
 from contract import (ACTIVATION_DTYPES, check_cu_seqlens, check_dt_limit, check_forward_args,
                       check_vector_values, cu_seqlens_values, dtype_name)
 from kernels import errors, tuning_table
-from kernels.arrays import backend_of, check_grid
+from kernels.arrays import GRID_YZ_MAX, backend_of, check_grid, needs_int64
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
@@ -150,7 +151,9 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     nheads, headdim, dstate). `return_varlen_states=True` returns (y, varlen_states), each
     sequence's state after its last token (an empty one's: its initial state, or zeros),
     (num_seqs, nheads, headdim, dstate) float32. seq_idx, where given with cu_seqlens, must be
-    each token's sequence (checked on NumPy inputs; the kernels read cu_seqlens only). Offsets
+    each token's sequence (checked where values are checked on the host; the kernels read
+    cu_seqlens only). Under torch the packed forward is forward only (no autograd and no
+    torch.compile op: refused by name). Offsets
     that are wrong are found as A's values are: on the host for NumPy inputs, else on the device
     (the sequences' states NaN, y NaN where no sequence covers it, a ValueError naming
     cu_seqlens from a later call).
@@ -214,9 +217,19 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
                               seq_idx=seq_idx, dt_limit=dt_limit, float_dtypes=("float32",),
                               activation_dtypes=ACTIVATION_DTYPES, check_values=False)
     num_seqs = check_cu_seqlens(cu_seqlens, dims, initial_states, float_dtypes=("float32",))
-    check_grid(num_seqs, dims.nheads)
+    if num_seqs > GRID_YZ_MAX:
+        raise ValueError(f"cu_seqlens: at most {GRID_YZ_MAX} sequences (a grid axis), got "
+                         f"{num_seqs}")
+    check_grid(1, dims.nheads)
+    if backend.kind == "torch":
+        _check_forward_only(x, dt, A, B, C, D, z, dt_bias, initial_states)
+    stand_in = lambda shape: types.SimpleNamespace(shape=shape)  # noqa: E731
+    if needs_int64(x, B, C, stand_in(dims.shape("dt_out")),
+                   stand_in((num_seqs, dims.nheads, dims.headdim, dims.dstate))):
+        raise ValueError("cu_seqlens: a packed row with an array of 2^31 elements or more is "
+                         "not supported (int32 indices only)")
     on_host = errors.check_on_host(check_values, backend)
-    if backend.kind == "numpy" and seq_idx is not None:
+    if on_host and seq_idx is not None:
         offsets = cu_seqlens_values(cu_seqlens, dims.seqlen)
         each = np.repeat(np.arange(num_seqs), np.diff(offsets))
         if not np.array_equal(np.asarray(seq_idx)[0], each):
@@ -226,13 +239,12 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
         x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
         dt, A, D, dt_bias, initial_states = (backend.contiguous_float32(a) for a in (
             dt, A, D, dt_bias, initial_states))
-        cu = backend.contiguous_int32(cu_seqlens)
+        cu = backend.offsets_int32(cu_seqlens, dims.seqlen)
         dt_out = backend.empty(dims.shape("dt_out"))
         y = backend.nan_filled(dims.shape("y"), like=x)  # tokens no sequence covers stay NaN
         varlen_states = backend.empty((num_seqs, dims.nheads, dims.headdim, dims.dstate))
         dA_cumsum = backend.empty(dims.shape("dA_cumsum"))  # written, not read: ssd_varlen
         # takes each block's cumsum itself
-        ssd_varlen_launch(x, B, C, dt_out, A, cu, initial_states, D, z, y, varlen_states)
         if on_host:  # last before the launch: it waits
             check_vector_values(A, D=D, dt_bias=dt_bias)
             cu_seqlens_values(cu_seqlens, dims.seqlen)
@@ -245,6 +257,18 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
                        stream)
         word.close()
     return y, varlen_states
+
+
+def _check_forward_only(*tensors):
+    """The packed forward has no backward and no torch.compile op: refuse tensors that require
+    grad (no gradient would flow through y) and a torch.compile trace (fake tensors)."""
+    import torch
+    if any(t is not None and t.requires_grad for t in tensors):
+        raise ValueError("cu_seqlens: the packed forward is forward only; inputs that require "
+                         "grad are refused (no gradient would flow through y)")
+    if torch.compiler.is_compiling():
+        raise ValueError("cu_seqlens: the packed forward has no torch.compile op; call it "
+                         "outside the compiled region")
 
 
 def _is_torch(a) -> bool:

@@ -18,7 +18,9 @@ import cuda.tile as ct
 from kernels.arrays import MMA_MIN, checked_D, int32_indexed, mma_operand, needs_int64, pow2_tile
 from kernels.constants import ERROR_CU_SEQLENS, LOG2E
 
-BLOCK_T = 64  # tokens per step (at most the chunk: each block's cumsum is as long as a chunk's)
+# tokens per step, at most the chunk: each block's decay cumsum then adds no more terms than
+# chunk_cumsum's, which the bound's cumsum term counts (properties.bounds.cumsum_gamma)
+BLOCK_T = 64
 OCCUPANCY = 2  # programs per SM: a sequence's steps are latency-bound, a second program hides it
 
 
@@ -41,8 +43,8 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
     start = ct.gather(cu_seqlens, i_s)  # the sequence's tokens: start ... end - 1
     end = ct.gather(cu_seqlens, i_s + 1)
     # offsets that do not start at 0, decrease, or end past seqlen (or short of it): the error
-    # word's bit, and NaN for this sequence's y and state (y is NaN-filled by the launcher, so
-    # tokens no sequence covers stay NaN)
+    # word's bit, no y written (the launcher NaN-fills y, so the sequence's tokens and those no
+    # sequence covers stay NaN) and a NaN state
     bad = (end < start) | (start < 0) | (end > seqlen)
     bad = bad | ((i_s == 0) & (start != 0))
     bad = bad | ((i_s == cu_seqlens.shape[0] - 2) & (end != seqlen))
@@ -67,7 +69,8 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
     # y_t = 2^a_t S . C_t + (C_t . B_s o L)(dt_s x_s), L[t, s] = 2^(a_t - a_s) for s <= t;
     # then S <- 2^a_last S + (w o x)^T B, w_s = dt_s 2^(a_last - a_s). y is accumulated
     # transposed, y^T [BLOCK_P, BLOCK_T] (x^T the product's first operand, as in ssd_scan).
-    for i_t in range(ct.cdiv(ct.maximum(end - start, 0), BLOCK_T)):
+    # a refused sequence runs no step (garbage offsets would make the loop as long as they say)
+    for i_t in range(ct.cdiv(ct.where(bad, 0, end - start), BLOCK_T)):
         t = start + i_t * BLOCK_T + rows  # [BLOCK_T, 1]: the block's tokens
         inside = t < end  # padding past the sequence's end: zero x, B, C and dt
         xs = ct.gather(x, (0, t, i_h, p_col), mask=inside)  # [s, P], x's dtype
@@ -97,7 +100,6 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
             zt = ct.transpose(zt)  # [P, t]
             # z * sigmoid(z) = z / (1 + 2^(-z log2 e)): -0 for very negative z, its limit
             acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
-        acc = ct.where(bad, math.nan, acc)
         # y[token, head, channel] <- y^T[channel, token] where the token is the sequence's
         # (columns past headdim are out of bounds: not stored); y has x's dtype
         ct.scatter(y, (0, ct.transpose(t), i_h, ct.transpose(p_col)), acc.astype(y.dtype),

@@ -126,7 +126,8 @@ def test_bad_input_is_refused_by_name_before_any_launch(case):
     assert not launches
 
 
-@pytest.mark.parametrize("bad", ["decreasing_past_seqlen", "short_end"])
+@pytest.mark.parametrize("bad", ["decreasing_past_seqlen", "short_end", "not_starting_at_0",
+                                 "int64_wrapping_to_plausible"])
 def test_bad_offsets_unread_by_the_host_give_nan_and_a_named_error(bad):
     """With check_values=False (as on the GPU) the kernel finds the offsets: the sequences it
     refuses get NaN y and states, tokens no sequence covers NaN y, and the error names
@@ -138,6 +139,28 @@ def test_bad_offsets_unread_by_the_host_give_nan_and_a_named_error(bad):
     if bad == "decreasing_past_seqlen":
         cu[-2] = seqlen + 10  # sequence 6 ends past seqlen, sequence 7 ends before it starts
         refused, nan_tokens = [6, 7], slice(int(CU_SEQLENS[-3]), seqlen)
+    elif bad == "not_starting_at_0":
+        cu[:2] = 1  # sequences 0 and 1 empty at token 1: token 0 is no one's
+        y, states = ssd_forward(**kw, cu_seqlens=cu, return_varlen_states=True,
+                                check_values=False)
+        assert np.isnan(states[0]).all() and not np.isnan(states[1:]).any()
+        assert np.isnan(y[0, 0]).all() and not np.isnan(y[0, 1:]).any()
+        with pytest.raises(ValueError, match="cu_seqlens must start at 0, be non-decreasing"):
+            raise_pending_errors()
+        return
+    elif bad == "int64_wrapping_to_plausible":
+        # int64 offsets whose int32 wrap (2^32 + 49 -> 49) would look right: refused as they are
+        cu = CU_SEQLENS.astype(np.int64)
+        cu[4] += 2**32
+        refused, nan_tokens = [3, 4], slice(int(CU_SEQLENS[3]), int(CU_SEQLENS[5]))
+        y, states = ssd_forward(**kw, cu_seqlens=cu, return_varlen_states=True,
+                                check_values=False)
+        assert np.isnan(states[refused]).all()
+        assert not np.isnan(np.delete(states, refused, axis=0)).any()
+        assert np.isnan(y[0, nan_tokens]).all()
+        with pytest.raises(ValueError, match="cu_seqlens must start at 0, be non-decreasing"):
+            raise_pending_errors()
+        return
     else:
         cu[-1] -= 5  # the last sequence ends short of seqlen: its last 5 tokens are no one's
         refused, nan_tokens = [7], slice(int(CU_SEQLENS[-2]), seqlen)
