@@ -25,7 +25,8 @@ choices (any the shape can run) after the rules'; kernels it names no choice of 
 Choices are labelled by their fields in order: `h16` (chunk_cumsum: block_h),
 `in_order/k128/p64/n128/occ2/pass32` (fwd_pass_state: mode, block_k, block_p, block_n, occupancy,
 "default" for the compiler's, pass_block), `whole_chunks/h2/occ2/t64` (compute_out: layout,
-heads, occupancy, block_t), `scan_h1/occ2/p64/wdefault` (ssd_scan: heads, occupancy, block_p, worker warps).
+heads, occupancy, block_t), `scan_h1/occ2/p64/wdefault` (ssd_scan: heads, occupancy, block_p,
+worker warps).
 
 Each choice's outputs are compared with the rules' choice's: rel = max |diff| / max |reference|
 (inf where a NaN appears; the outputs are NaN-filled before the launch; TF32 rounding moves them

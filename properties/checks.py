@@ -482,7 +482,8 @@ def _wide(q: Problem) -> Problem:
 
 def ssd_scan_alone(p: Problem, backend: str) -> dict:
     """ssd_scan alone (fp32-exact dt_out, dA_cumsum) in every choice the shape allows at the
-    example's hints (occupancy, worker warps), and on the GPU (whose forward runs the scan on large grids only)
+    example's hints (occupancy, worker warps), and on the GPU (whose forward runs the scan on
+    large grids only)
     in bfloat16 as torch tensors at the rules' choice: y and final_states within the forward's
     bounds (the scan's roundings are the forward's: accumulation_length counts its state's token
     blocks). On the interpreter (one SM) the forward is the scan, so forward_bf16_bound checks

@@ -22,6 +22,10 @@ def ssd_varlen_ref(x, dt, A, B, C, cu_seqlens, *, form: str = "recurrent", chunk
     sequence's state after its last token: its initial state (or zeros) for an empty one.
     """
     from reference.ssd import ssd_chunked, ssd_quadratic, ssd_recurrent
+    if form not in ("recurrent", "chunked", "quadratic"):
+        raise ValueError(f"form must be 'recurrent', 'chunked' or 'quadratic', got {form!r}")
+    if form == "chunked" and chunk_size is None:
+        raise ValueError("chunk_size: the chunked form needs one")
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                               dt_limit=dt_limit)
     num_seqs = check_cu_seqlens(cu_seqlens, dims, initial_states)
@@ -42,11 +46,9 @@ def ssd_varlen_ref(x, dt, A, B, C, cu_seqlens, *, form: str = "recurrent", chunk
             y[:, lo:hi], final = ssd_recurrent(*args, **kw)
         elif form == "chunked":
             y[:, lo:hi], final = ssd_chunked(*args, chunk_size, **kw)
-        elif form == "quadratic":
+        else:
             y[:, lo:hi] = ssd_quadratic(*args, **kw)
             final = quadratic_final_state(*args, **kw)
-        else:
-            raise ValueError(f"form must be 'recurrent', 'chunked' or 'quadratic', got {form!r}")
         states[k] = final[0]
     return y, states
 

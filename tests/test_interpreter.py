@@ -944,12 +944,29 @@ def test_gather_pads_and_scatter_stores_under_the_mask():
     def shifted(x, y, START: ct.Constant[int]):
         i = START + ct.arange(8, dtype=ct.int32)  # [8]: indices -2 ... 5 past START -2
         v = ct.gather(x, i, mask=i != 3, padding_value=-1.0)
-        ct.scatter(y, ct.arange(8, dtype=ct.int32) + 1, v, mask=i < 4)
+        # stored at 1 + k where i < 5: k = 7 (i = 5) is masked off; k = 6 goes to 7
+        ct.scatter(y, ct.arange(8, dtype=ct.int32) + 1, v, mask=i < 5)
+        # stored at 2 + k where i >= 4: k = 6 and 7 fall past the array's end (skipped)
+        ct.scatter(y, ct.arange(8, dtype=ct.int32) + 2, v * 10.0, mask=i >= 4)
 
     launch((1,), shifted, (x, y, -2))
-    # i = -2 -1 0 1 2 3 4 5: gathered -1 -1 0 1 2 -1 4 5; stored at 1 + k where i < 4
-    np.testing.assert_array_equal(y[1:7], [-1, -1, 0, 1, 2, -1])
-    assert np.isnan(y[0]) and np.isnan(y[7])
+    # i = -2 -1 0 1 2 3 4 5: gathered -1 -1 0 1 2 -1 4 5
+    np.testing.assert_array_equal(y[1:8], [-1, -1, 0, 1, 2, -1, 4])
+    assert np.isnan(y[0])
+
+
+def test_gather_refuses_a_padding_that_widens_the_result():
+    x = np.arange(10, dtype=np.float32)
+    y = nan_like(np.zeros(4, np.float32))
+
+    @ct.kernel
+    def widening(x, y):
+        v = ct.gather(x, ct.arange(2, dtype=ct.int32), padding_value=ct.zeros((4,),
+                                                                              dtype=ct.float32))
+        ct.store(y, (0,), v)
+
+    with pytest.raises(ValueError, match="does not broadcast to the indices' shape"):
+        launch((1,), widening, (x, y))
 
 
 def test_scatter_of_two_programs_to_one_element_is_refused():

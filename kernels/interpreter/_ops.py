@@ -837,8 +837,9 @@ def store(array, /, index, tile, *, order="C", check_bounds=True, latency=None, 
 
 
 def _element_indices(array: Array, indices, extra, what):
-    """(the index arrays broadcast with `extra`, extra broadcast, the in-bounds mask) of an
-    element-wise access: one integer tile or scalar per axis (a tile alone for a 1-d array)."""
+    """(the index arrays broadcast together, `extra` broadcast to their shape, the in-bounds
+    mask) of an element-wise access: one integer tile or scalar per axis (a tile alone for a
+    1-d array); `extra` (padding or values) must broadcast to the indices' shape."""
     if not isinstance(indices, tuple):
         indices = (indices,)
     if len(indices) != array.ndim:
@@ -847,8 +848,16 @@ def _element_indices(array: Array, indices, extra, what):
     for i in indices:
         if isinstance(i, Tile) and not is_integral(i.dtype):
             raise TypeError(f"{what}: indices must be integer tiles or scalars, got {i.dtype}")
+        if not isinstance(i, Tile) and (isinstance(i, bool)
+                                        or not isinstance(i, (int, np.integer))):
+            raise TypeError(f"{what}: indices must be integer tiles or scalars, got {i!r}")
         idx.append(np.asarray(i._a if isinstance(i, Tile) else i, dtype=np.int64))
-    *idx, extra = np.broadcast_arrays(*idx, extra)
+    idx = np.broadcast_arrays(*idx)
+    try:
+        extra = np.broadcast_to(extra, idx[0].shape)
+    except ValueError:
+        raise ValueError(f"{what}: a value of shape {np.shape(extra)} does not broadcast to the "
+                         f"indices' shape {idx[0].shape}") from None
     inside = np.ones(extra.shape, dtype=bool)
     for i, n in zip(idx, array._a.shape):
         inside &= (i >= 0) & (i < n)
@@ -892,7 +901,8 @@ def gather(array, indices, /, *, mask=None, padding_value=0, check_bounds=True, 
 
 def scatter(array, indices, value, /, *, mask=None, check_bounds=True, latency=None):
     """array[indices] = value element-wise, where the mask is True and (with check_bounds) the
-    index is in bounds; two elements of one scatter never go to the same place here."""
+    index is in bounds. Two elements of one scatter to the same place are refused here, even
+    with equal values (stricter than cuTile, which leaves the winner unspecified)."""
     array = _array(array, "scatter")
     _check_store_cast(value, array.dtype)
     idx, values, put = _element_access(array, indices, as_storage(value, array.dtype), mask,
