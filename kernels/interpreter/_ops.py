@@ -777,7 +777,9 @@ def load(array, /, index, shape, *, order="C", padding_mode=ct.PaddingMode.UNDET
     return Tile(out.reshape(()) if scalar else out, dtype)
 
 
-def _check_no_foreign_writes(array: Array, perm, src):
+def _check_no_foreign_writes(array: Array, perm, src, what="load"):
+    """Refuse a read (`src`: slices of a tile, or index arrays of a gather, on the array's axes
+    permuted by `perm`) of elements another program stored in the same launch."""
     ids = array.writers(create=False)
     if ids is None:
         return
@@ -785,7 +787,7 @@ def _check_no_foreign_writes(array: Array, perm, src):
     me = _state.program_id()
     foreign = (ids >= 0) & (ids != me)
     if foreign.any():
-        raise RuntimeError(f"load: this program ({me}) reads elements that program "
+        raise RuntimeError(f"{what}: this program ({me}) reads elements that program "
                            f"{int(ids[foreign].flat[0])} stored in the same launch: the result "
                            "depends on the order of programs on the GPU")
 
@@ -894,7 +896,7 @@ def gather(array, indices, /, *, mask=None, padding_value=0, check_bounds=True, 
     out = np.array(pad, dtype=STORAGE[array.dtype])
     if take.any():
         at = tuple(i[take] for i in idx)
-        _check_no_foreign_writes_at(array, at, "gather")
+        _check_no_foreign_writes(array, tuple(range(array.ndim)), at, "gather")
         out[take] = array._a[at]
     return Tile(out, array.dtype)
 
@@ -925,19 +927,6 @@ def scatter(array, indices, value, /, *, mask=None, check_bounds=True, latency=N
                            "programs on the GPU")
     ids[at] = me
     array._a[at] = new
-
-
-def _check_no_foreign_writes_at(array: Array, at, what):
-    ids = array.writers(create=False)
-    if ids is None:
-        return
-    ids = ids[at]
-    me = _state.program_id()
-    foreign = (ids >= 0) & (ids != me)
-    if foreign.any():
-        raise RuntimeError(f"{what}: this program ({me}) reads elements that program "
-                           f"{int(ids[foreign][0])} stored in the same launch: the result "
-                           "depends on the order of programs on the GPU")
 
 
 def atomic_or(array, indices, update, /, *, check_bounds=True,
