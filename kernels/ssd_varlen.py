@@ -38,7 +38,6 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
     i_h = ct.bid(1)
     i_s = ct.bid(2)
     seqlen = x.shape[1]
-    headdim = x.shape[3]
     i_g = i_h // (x.shape[2] // B.shape[2])  # the group the head reads
     start = ct.gather(cu_seqlens, i_s)  # the sequence's tokens: start ... end - 1
     end = ct.gather(cu_seqlens, i_s + 1)
