@@ -169,3 +169,31 @@ def test_bad_offsets_unread_by_the_host_give_nan_and_a_named_error(bad):
     assert np.isnan(y[0, nan_tokens]).all() and not np.isnan(y[0, :nan_tokens.start]).any()
     with pytest.raises(ValueError, match="cu_seqlens must start at 0, be non-decreasing"):
         raise_pending_errors()
+
+
+@pytest.mark.parametrize("backend, num_seqs", [
+    pytest.param("interpreter", 40, id="interpreter_40_sequences"),
+    pytest.param("gpu", 300, id="gpu_300_sequences", marks=pytest.mark.gpu),
+])
+def test_many_short_sequences_in_a_row(backend, num_seqs, request):
+    """Many sequences of 0 to 2 chunks (empty ones included), each from its own initial state:
+    y and every state against the separate calls' reference."""
+    rng = np.random.default_rng(num_seqs)
+    lengths = rng.integers(0, 2 * CHUNK + 1, num_seqs)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    L, h, p, n = int(cu[-1]), 2, 16, 16
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    kw = dict(x=f32(rng.standard_normal((1, L, h, p))),
+              dt=f32(np.exp(rng.uniform(math.log(1e-3), math.log(0.3), (1, L, h)))),
+              A=f32(-np.exp(rng.uniform(math.log(0.5), math.log(8.0), h))),
+              B=f32(rng.standard_normal((1, L, 1, n))), C=f32(rng.standard_normal((1, L, 1, n))),
+              initial_states=f32(rng.standard_normal((num_seqs, h, p, n))))
+    args = (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], cu)
+    y_ref, states_ref = R.ssd_varlen_ref(*args, initial_states=kw["initial_states"])
+    M, M_states = R.ssd_varlen_ref(np.abs(kw["x"]), kw["dt"], kw["A"], np.abs(kw["B"]),
+                                   np.abs(kw["C"]), cu,
+                                   initial_states=np.abs(kw["initial_states"]))
+    y, states = ssd_forward(**on_backend(backend, dict(kw, cu_seqlens=cu)), chunk_size=CHUNK,
+                            return_varlen_states=True)
+    check_within("y", y, y_ref, M, KAPPA, request.node.name)
+    check_within("varlen_states", states, states_ref, M_states, KAPPA, request.node.name)
