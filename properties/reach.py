@@ -218,6 +218,8 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
     if kind == "varlen_packed":
         a = _arrays(dataclasses.replace(d, batch=1), dict(opts, initial_states=True))
         states = _Stand((2, d.nheads, d.headdim, d.dstate))  # 2 sequences: a stand-in count
+        if needs_int64(a.x, a.B, a.C, a.dt_out, states):  # int32 indices only
+            return []
         return [chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
                                     a.dt_limit, errors=a.errors, D=a.D),
                 ssd_varlen_launch(a.x, a.B, a.C, a.dt_out, a.A, _Stand((3,), "int32"), states,
