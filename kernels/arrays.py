@@ -373,9 +373,13 @@ def z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P):
     zt = ct.load(z, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
                  padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)  # narrow z: widened, exact
     zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
-    # z * sigmoid(z) = z / (1 + 2^(-z log2 e)); for very negative z the denominator is inf and
-    # the gate is -0, its limit
-    return acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
+    return acc * gate(zt)
+
+
+def gate(zt):
+    """z * sigmoid(z) of a float32 tile, as z / (1 + 2^(-z log2 e)): for very negative z the
+    denominator is inf and the gate is -0, its limit."""
+    return zt / (1.0 + ct.exp2(-zt * LOG2E))
 
 
 # The grid's 2nd and 3rd axes (nheads, batch in every launcher) are limited to 65535 by CUDA.

@@ -15,7 +15,8 @@ import math
 
 import cuda.tile as ct
 
-from kernels.arrays import MMA_MIN, checked_D, int32_indexed, mma_operand, needs_int64, pow2_tile
+from kernels.arrays import (MMA_MIN, checked_D, gate, int32_indexed, mma_operand, needs_int64,
+                           pow2_tile)
 from kernels.constants import ERROR_CU_SEQLENS, LOG2E
 
 # tokens per step, at most the chunk: each block's decay cumsum then adds no more terms than
@@ -96,9 +97,7 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
             acc = acc + skip * ct.transpose(xs.astype(ct.float32))
         if HAS_Z:
             zt = ct.gather(z, (0, t, i_h, p_col), mask=inside).astype(ct.float32)  # [s, P]
-            zt = ct.transpose(zt)  # [P, t]
-            # z * sigmoid(z) = z / (1 + 2^(-z log2 e)): -0 for very negative z, its limit
-            acc = acc * (zt / (1.0 + ct.exp2(-zt * LOG2E)))
+            acc = acc * gate(ct.transpose(zt))  # [P, t]
         # y[token, head, channel] <- y^T[channel, token] where the token is the sequence's
         # (columns past headdim are out of bounds: not stored); y has x's dtype
         ct.scatter(y, (0, ct.transpose(t), i_h, ct.transpose(p_col)), acc.astype(y.dtype),
