@@ -17,7 +17,7 @@ import numpy as np
 from contract import (ACTIVATION_DTYPES, check_cu_seqlens, check_dt_limit, check_forward_args,
                       check_vector_values, cu_seqlens_values, dtype_name)
 from kernels import errors, tuning_table
-from kernels.arrays import GRID_YZ_MAX, backend_of, check_grid, needs_int64
+from kernels.arrays import GRID_YZ_MAX, backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
@@ -129,8 +129,8 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     Every argument's shape, dtype and device is checked before the first launch; then the
     kernels run in order (forward_launches: chunk_cumsum and the scan where its grid fills the
     GPU, else chunk_cumsum, fwd_pass_state and compute_out); on the GPU, for large even batches
-    that run the three kernels, for each of two batch slices, the second slice on a side stream forked from and joined into the current one
-    (BATCH_PARTS; results bit-identical to the whole batch's). `batch_parts` (keyword only): run
+    that run the three kernels, for each of two batch slices, the second slice on a side stream
+    forked from and joined into the current one (BATCH_PARTS; results bit-identical to the whole batch's). `batch_parts` (keyword only): run
     the batch as that many slices (at most one per element) instead of the rule's count; 1 never
     splits.
 
@@ -153,8 +153,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     (num_seqs, nheads, headdim, dstate) float32. seq_idx, where given with cu_seqlens, must be
     each token's sequence (checked where values are checked on the host; the kernels read
     cu_seqlens only). Under torch the packed forward is forward only (no autograd and no
-    torch.compile op: refused by name). Offsets
-    that are wrong are found as A's values are: on the host for NumPy inputs, else on the device
+    torch.compile op: refused by name). Offsets that are wrong are found as A's values are: on the host for NumPy inputs, else on the device
     (the sequences' states NaN, y NaN where no sequence covers it, a ValueError naming
     cu_seqlens from a later call).
     """
@@ -223,11 +222,15 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
     check_grid(1, dims.nheads)
     if backend.kind == "torch":
         _check_forward_only(x, dt, A, B, C, D, z, dt_bias, initial_states)
+    states_shape = (num_seqs, dims.nheads, dims.headdim, dims.dstate)
+    # the launches planned on the inputs and stand-ins of the outputs: what they refuse (an
+    # array of 2^31 elements or more) is refused before anything is allocated or launched
     stand_in = lambda shape: types.SimpleNamespace(shape=shape)  # noqa: E731
-    if needs_int64(x, B, C, stand_in(dims.shape("dt_out")),
-                   stand_in((num_seqs, dims.nheads, dims.headdim, dims.dstate))):
-        raise ValueError("cu_seqlens: a packed row with an array of 2^31 elements or more is "
-                         "not supported (int32 indices only)")
+    varlen_launches(ForwardArrays(x, dt, A, B, C, D, z, dt_bias, initial_states, None,
+                                  dt_softplus, dt_limit, stand_in(dims.shape("dt_out")),
+                                  stand_in(dims.shape("dA_cumsum")), None, None,
+                                  stand_in(dims.shape("y"))),
+                    cu_seqlens, stand_in(states_shape))
     on_host = errors.check_on_host(check_values, backend)
     if on_host and seq_idx is not None:
         offsets = cu_seqlens_values(cu_seqlens, dims.seqlen)
@@ -240,23 +243,39 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
         dt, A, D, dt_bias, initial_states = (backend.contiguous_float32(a) for a in (
             dt, A, D, dt_bias, initial_states))
         cu = backend.offsets_int32(cu_seqlens, dims.seqlen)
-        dt_out = backend.empty(dims.shape("dt_out"))
         y = backend.nan_filled(dims.shape("y"), like=x)  # tokens no sequence covers stay NaN
-        varlen_states = backend.empty((num_seqs, dims.nheads, dims.headdim, dims.dstate))
-        dA_cumsum = backend.empty(dims.shape("dA_cumsum"))  # written, not read: ssd_varlen
-        # takes each block's cumsum itself
+        # dA_cumsum is written, not read: ssd_varlen takes each block's cumsum itself
+        arrays = ForwardArrays(x, dt, A, B, C, D, z, dt_bias, initial_states, None, dt_softplus,
+                               dt_limit, backend.empty(dims.shape("dt_out")),
+                               backend.empty(dims.shape("dA_cumsum")), None, None, y)
+        varlen_states = backend.empty(states_shape)
         if on_host:  # last before the launch: it waits
             check_vector_values(A, D=D, dt_bias=dt_bias)
             cu_seqlens_values(cu_seqlens, dims.seqlen)
         stream = backend.current_stream()
         word = errors.open_word(backend, "ssd_forward", stream)
-        backend.launch(*chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus,
-                                            dt_limit, errors=word.array, D=D), stream)
-        backend.launch(*ssd_varlen_launch(x, B, C, dt_out, A, cu, initial_states, D, z, y,
-                                          varlen_states, errors=word.array),
-                       stream)
+        for launch in varlen_launches(dataclasses.replace(arrays, errors=word.array), cu,
+                                      varlen_states):
+            backend.launch(*launch, stream)
         word.close()
     return y, varlen_states
+
+
+def varlen_launches(arrays: ForwardArrays, cu_seqlens, varlen_states) -> list[tuple]:
+    """[(kernel, grid, args)] of a packed row (run_varlen_forward), the one place they are
+    chosen, from shapes and dtypes alone (the compile gate and the reach model plan them on
+    stand-ins too): chunk_cumsum (dt_out; it checks A, dt_bias and D), then ssd_varlen (y and
+    varlen_states; arrays.initial_states is one state per sequence, or None)."""
+    a = arrays
+    return [_cumsum_launch(a),
+            ssd_varlen_launch(a.x, a.B, a.C, a.dt_out, a.A, cu_seqlens, a.initial_states, a.D,
+                              a.z, a.y, varlen_states, errors=a.errors)]
+
+
+def _cumsum_launch(a: ForwardArrays) -> tuple:
+    """The forward's chunk_cumsum launch: dt_out and dA_cumsum; it checks A, dt_bias and D."""
+    return chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
+                               a.dt_limit, errors=a.errors, D=a.D)
 
 
 def _check_forward_only(*tensors):
@@ -556,8 +575,7 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None) -> list[tuple]
     3. compute_out: y (NaN where D is not finite; reported by chunk_cumsum)
     """
     a = arrays
-    cumsum = chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
-                                 a.dt_limit, errors=a.errors, D=a.D)
+    cumsum = _cumsum_launch(a)
     scan_arrays = (a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z, a.seg,
                    a.y, a.final_states)
     if scan_runs(a.x, a.B, a.dt_out, scan_arrays, sm_count):

@@ -36,15 +36,13 @@ import cuda.tile as ct
 
 from contract import Dims
 from kernels.arrays import Backend, index_dtype, needs_int64
-from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, compute_out_choices, compute_out_launch
 from kernels.fwd_pass_state import MODES, fwd_pass_state_launches
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
-from kernels.ssd_forward import ForwardArrays, forward_plan
+from kernels.ssd_forward import ForwardArrays, forward_plan, varlen_launches
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices, ssd_scan_launch
-from kernels.ssd_varlen import ssd_varlen_launch
 from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices
 from properties.profiles import Caps
 from properties.strategies import drawable
@@ -220,10 +218,8 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
         states = _Stand((2, d.nheads, d.headdim, d.dstate))  # 2 sequences: a stand-in count
         if needs_int64(a.x, a.B, a.C, a.dt_out, states):  # int32 indices only
             return []
-        return [chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
-                                    a.dt_limit, errors=a.errors, D=a.D),
-                ssd_varlen_launch(a.x, a.B, a.C, a.dt_out, a.A, _Stand((3,), "int32"), states,
-                                  a.D, a.z, a.y, states, errors=a.errors)]
+        return varlen_launches(dataclasses.replace(a, initial_states=states),
+                               _Stand((3,), "int32"), states)
     a = _arrays(d, opts)
     if kind == "forward":
         return [launch for part in forward_plan(a, sm_count, 1) for launch in part]

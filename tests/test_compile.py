@@ -12,6 +12,7 @@ constants.
 """
 
 import concurrent.futures
+import dataclasses
 import importlib
 import inspect
 import io
@@ -29,11 +30,9 @@ from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSig
 
 from contract import Dims
 from kernels.arrays import index_dtype, needs_int64
-from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
-from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts
+from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts, varlen_launches
 from kernels.ssd_scan import ssd_scan_launch
-from kernels.ssd_varlen import ssd_varlen_launch
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
 
@@ -139,19 +138,10 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
     (and `split`), its slices' (a slice of one batch element specializes unlike the whole: a unit
     dimension), then, with `alone`, the standalone compute_out's and ssd_scan's launches of the
     whole batch (they check D themselves, check_D)."""
-    dtype = opts.get("dtype", "float32")
-    a = lambda name: ArraySpec(dims.shape(name), dtype if name in NARROW else "float32")
     optional = {"z": opts.get("z"), "initial_states": opts.get("initial_states"),
                 "seq_idx": opts.get("seq_idx")}
-    arrays = ForwardArrays(
-        a("x"), a("dt"), a("A"), a("B"), a("C"),
-        {"head": ArraySpec((dims.nheads,)), "channel": a("D")}.get(opts.get("D")),
-        a("z") if optional["z"] else None, a("dt_bias") if opts.get("dt_bias") else None,
-        a("initial_states") if optional["initial_states"] else None,
-        ArraySpec(dims.shape("seq_idx"), "int32") if optional["seq_idx"] else None,
-        opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
-        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"),
-        ArraySpec((1,), "int32"))  # the error word (kernels.errors)
+    arrays = stand_in_arrays(dims, opts)
+    dtype = opts.get("dtype", "float32")
     parts = rules_batch_parts(dims, "cupy", ITEMSIZE[dtype], sm_count,
                               [name for name, on in optional.items() if on]) if split else 1
     plans = forward_plan(arrays, sm_count, 1) + (
@@ -167,22 +157,29 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
     return [launch for launches in plans for launch in launches]
 
 
-def varlen_launches(dims: Dims, num_seqs: int, opts: dict) -> list:
-    """ssd_forward's [(kernel, grid, args)] of a packed row of num_seqs sequences (its
-    run_varlen_forward: chunk_cumsum, then ssd_varlen), on stand-ins."""
+def stand_in_arrays(dims: Dims, opts: dict) -> ForwardArrays:
+    """ssd_forward's arrays for these dimensions and options, as stand-ins: x, B, C, z and y in
+    the options' "dtype" (default float32), every other one float32."""
     dtype = opts.get("dtype", "float32")
     a = lambda name: ArraySpec(dims.shape(name), dtype if name in NARROW else "float32")
-    D = {"head": ArraySpec((dims.nheads,)), "channel": a("D")}.get(opts.get("D"))
-    states = (num_seqs, dims.nheads, dims.headdim, dims.dstate)
-    errors = ArraySpec((1,), "int32")
-    return [chunk_cumsum_launch(a("dt"), a("A"), a("dt_bias") if opts.get("dt_bias") else None,
-                                a("dt_out"), a("dA_cumsum"), opts.get("dt_softplus", False),
-                                opts.get("dt_limit", (0.0, math.inf)), errors=errors, D=D),
-            ssd_varlen_launch(a("x"), a("B"), a("C"), a("dt_out"), a("A"),
-                              ArraySpec((num_seqs + 1,), "int32"),
-                              ArraySpec(states) if opts.get("initial_states") else None, D,
-                              a("z") if opts.get("z") else None, a("y"), ArraySpec(states),
-                              errors=errors)]
+    return ForwardArrays(
+        a("x"), a("dt"), a("A"), a("B"), a("C"),
+        {"head": ArraySpec((dims.nheads,)), "channel": a("D")}.get(opts.get("D")),
+        a("z") if opts.get("z") else None, a("dt_bias") if opts.get("dt_bias") else None,
+        a("initial_states") if opts.get("initial_states") else None,
+        ArraySpec(dims.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
+        opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
+        a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"),
+        ArraySpec((1,), "int32"))  # the error word (kernels.errors)
+
+
+def packed_launches(dims: Dims, num_seqs: int, opts: dict) -> list:
+    """ssd_forward's [(kernel, grid, args)] of a packed row of num_seqs sequences
+    (kernels.ssd_forward.varlen_launches), on stand-ins: initial states one per sequence."""
+    states = ArraySpec((num_seqs, dims.nheads, dims.headdim, dims.dstate))
+    arrays = dataclasses.replace(stand_in_arrays(dims, opts),
+                                 initial_states=states if opts.get("initial_states") else None)
+    return varlen_launches(arrays, ArraySpec((num_seqs + 1,), "int32"), states)
 
 
 def array_constraint(a: ArraySpec, index_dtype) -> ArrayConstraint:
@@ -234,7 +231,7 @@ def specializations() -> dict:
         CONFIGS, SM_COUNTS) for launch in config_launches(
             dims, opts, sm_count, alone=config in STANDALONE_COMPUTE_OUT)]
     launches += [(config, launch) for config, dims, num_seqs, opts in VARLEN_CONFIGS
-                 for launch in varlen_launches(dims, num_seqs, opts)]
+                 for launch in packed_launches(dims, num_seqs, opts)]
     for config, (kernel, _, args) in launches:
         name = KERNEL_NAMES.get(id(kernel))
         assert name is not None, (
