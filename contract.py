@@ -118,18 +118,22 @@ def _activation(name, a, x, float_dtypes, activation_dtypes):
         raise TypeError(f"{name} must have x's dtype ({dtype_name(x)}), got {dtype_name(a)}")
 
 
+def _host(a) -> np.ndarray:
+    """A NumPy copy of a NumPy, CuPy or torch array, copied as it is (a GPU copy waits for the
+    GPU's queue); a torch floating tensor is widened to float64 (bfloat16 has no NumPy view)."""
+    if hasattr(a, "get"):  # cupy
+        return a.get()
+    if hasattr(a, "detach"):  # torch
+        a = a.detach().cpu()
+        return (a.double() if a.is_floating_point() else a).numpy()
+    return np.asarray(a)
+
+
 def _host_vectors(*arrays) -> list[np.ndarray]:
     """Small vectors as float64 NumPy arrays: GPU arrays are copied to the host one by one as
-    they are (the first copy waits for the GPU's queue), then widened on the host: cheaper than
-    three small kernels that widen and concatenate them on the device before one copy."""
-    host = []
-    for a in arrays:
-        if hasattr(a, "get"):  # cupy
-            a = a.get()
-        elif hasattr(a, "detach"):  # torch (a bfloat16 tensor has no NumPy view: widened first)
-            a = a.detach().cpu().double().numpy()
-        host.append(np.asarray(a, dtype=np.float64).ravel())
-    return host
+    they are, then widened on the host: cheaper than three small kernels that widen and
+    concatenate them on the device before one copy."""
+    return [np.asarray(_host(a), dtype=np.float64).ravel() for a in arrays]
 
 
 def check_chunk_size(chunk_size) -> int:
@@ -194,11 +198,7 @@ def check_cu_seqlens(cu_seqlens, dims: Dims, initial_states=None, float_dtypes=F
 def cu_seqlens_values(cu_seqlens, seqlen: int) -> list[int]:
     """The offsets of a host (NumPy) cu_seqlens, checked: starting at 0, non-decreasing, ending
     at seqlen."""
-    if hasattr(cu_seqlens, "get"):  # cupy: a copy to the host (it waits for the GPU)
-        cu_seqlens = cu_seqlens.get()
-    elif hasattr(cu_seqlens, "detach"):  # torch
-        cu_seqlens = cu_seqlens.detach().cpu().numpy()
-    offsets = [int(v) for v in np.asarray(cu_seqlens).ravel()]
+    offsets = [int(v) for v in _host(cu_seqlens).ravel()]
     if offsets[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
     if any(b < a for a, b in zip(offsets, offsets[1:])):
@@ -208,6 +208,15 @@ def cu_seqlens_values(cu_seqlens, seqlen: int) -> list[int]:
     if offsets[-1] != seqlen:
         raise ValueError(f"cu_seqlens must end at seqlen ({seqlen}), got {offsets[-1]}")
     return offsets
+
+
+def check_seq_idx_of_offsets(seq_idx, offsets: list[int]):
+    """seq_idx given with cu_seqlens (its checked `offsets`): each token's sequence, 0 for the
+    first sequence's tokens, 1 for the next, ... (reads its values: a GPU copy waits)."""
+    each = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    if not np.array_equal(_host(seq_idx).reshape(-1), each):
+        raise ValueError("seq_idx: with cu_seqlens it must be each token's sequence (0 for the "
+                         "first sequence's tokens, 1 for the next, ...)")
 
 
 def _x_B_sizes(x, B, float_dtypes, activation_dtypes):

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from contract import (ACTIVATION_DTYPES, check_cu_seqlens, check_dt_limit, check_forward_args,
-                      check_vector_values, cu_seqlens_values, dtype_name)
+                      check_seq_idx_of_offsets, check_vector_values, cu_seqlens_values,
+                      dtype_name)
 from kernels import errors, tuning_table
 from kernels.arrays import GRID_YZ_MAX, backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
@@ -233,11 +232,7 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
                     cu_seqlens, stand_in(states_shape))
     on_host = errors.check_on_host(check_values, backend)
     if on_host and seq_idx is not None:
-        offsets = cu_seqlens_values(cu_seqlens, dims.seqlen)
-        each = np.repeat(np.arange(num_seqs), np.diff(offsets))
-        if not np.array_equal(np.asarray(seq_idx)[0], each):
-            raise ValueError("seq_idx: with cu_seqlens it must be each token's sequence "
-                             "(0 for the first sequence's tokens, 1 for the next, ...)")
+        check_seq_idx_of_offsets(seq_idx, cu_seqlens_values(cu_seqlens, dims.seqlen))
     with backend.on_device():
         x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
         dt, A, D, dt_bias, initial_states = (backend.contiguous_float32(a) for a in (
