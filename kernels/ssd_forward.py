@@ -21,7 +21,7 @@ from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
 from kernels.ssd_scan import scan_runs, ssd_scan_launch
-from kernels.ssd_varlen import ssd_varlen_launch
+from kernels.ssd_varlen import ssd_varlen_launches
 
 # On the GPU an even batch that runs the three kernels (not the scan) runs as BATCH_PARTS slices
 # of the batch, each its three kernels in order, the second slice on a side stream
@@ -152,9 +152,9 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     (num_seqs, nheads, headdim, dstate) float32. seq_idx, where given with cu_seqlens, must be
     each token's sequence (checked where values are checked on the host; the kernels read
     cu_seqlens only). Under torch the packed forward is forward only (no autograd and no
-    torch.compile op: refused by name). Offsets that are wrong are found as A's values are: on the host for NumPy inputs, else on the device
-    (the sequences' states NaN, y NaN where no sequence covers it, a ValueError naming
-    cu_seqlens from a later call).
+    torch.compile op: refused by name). Offsets that are wrong are found as A's values are:
+    on the host for NumPy inputs, else on the device (all of y and every state NaN, a
+    ValueError naming cu_seqlens from a later call).
     """
     errors.check_flag(check_values)
     if return_varlen_states and cu_seqlens is None:
@@ -238,7 +238,7 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
         dt, A, D, dt_bias, initial_states = (backend.contiguous_float32(a) for a in (
             dt, A, D, dt_bias, initial_states))
         cu = backend.offsets_int32(cu_seqlens, dims.seqlen)
-        y = backend.nan_filled(dims.shape("y"), like=x)  # tokens no sequence covers stay NaN
+        y = backend.empty(dims.shape("y"), like=x)  # every token written (NaN if refused)
         # dA_cumsum is written, not read: ssd_varlen takes each block's cumsum itself
         arrays = ForwardArrays(x, dt, A, B, C, D, z, dt_bias, initial_states, None, dt_softplus,
                                dt_limit, backend.empty(dims.shape("dt_out")),
@@ -263,8 +263,8 @@ def varlen_launches(arrays: ForwardArrays, cu_seqlens, varlen_states) -> list[tu
     varlen_states; arrays.initial_states is one state per sequence, or None)."""
     a = arrays
     return [_cumsum_launch(a),
-            ssd_varlen_launch(a.x, a.B, a.C, a.dt_out, a.A, cu_seqlens, a.initial_states, a.D,
-                              a.z, a.y, varlen_states, errors=a.errors)]
+            *ssd_varlen_launches(a.x, a.B, a.C, a.dt_out, a.A, cu_seqlens, a.initial_states, a.D,
+                                 a.z, a.y, varlen_states, errors=a.errors)]
 
 
 def _cumsum_launch(a: ForwardArrays) -> tuple:

@@ -7,6 +7,11 @@ A sequence starts anywhere in the row, so its token blocks are gathered (ct.gath
 first token on, not loaded as tiles of the row's grid, and y is scattered back under the mask
 of the sequence's tokens; each block's decay cumsum is taken here, from dt_out and A, so that
 no decay crosses a sequence's start.
+
+Good offsets cover every token once, so y needs no fill before the kernel. Offsets the kernel
+refuses (ERROR_CU_SEQLENS in the call's error word) may leave tokens no sequence covers: the
+second kernel, _ssd_varlen_refused_kernel, then writes NaN to all of y and every state, and
+nothing at all when the word shows no refusal.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import math
 
 import cuda.tile as ct
 
+from contract import dtype_name
 from kernels.arrays import (MMA_MIN, checked_D, gate, int32_indexed, mma_operand, needs_int64,
                            pow2_tile)
 from kernels.constants import ERROR_CU_SEQLENS, LOG2E
@@ -22,7 +28,12 @@ from kernels.constants import ERROR_CU_SEQLENS, LOG2E
 # tokens per step, at most the chunk: each block's decay cumsum then adds no more terms than
 # chunk_cumsum's, which the bound's cumsum term counts (properties.bounds.cumsum_gamma)
 BLOCK_T = 64
-OCCUPANCY = 2  # programs per SM: a sequence's steps are latency-bound, a second program hides it
+# programs per SM, by x's dtype: a sequence's steps are latency-bound, more programs hide it;
+# bfloat16's smaller tiles fit three, float32's run slower at three (DECISIONS.md "ssd_varlen:
+# a program per sequence")
+OCCUPANCIES = {"bfloat16": 3}
+OCCUPANCY_OTHERS = 2
+REFUSED_BLOCK_T = 64  # token rows per NaN tile of _ssd_varlen_refused_kernel
 
 
 def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.IndexedWithInt64,
@@ -106,13 +117,32 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
         xw = mma_operand(ct.transpose(xs.astype(ct.float32) * w), x.dtype)  # [P, s]
         S = ct.mma(xw, Bt, S * ct.exp2(a_last))
 
-    S = ct.where(bad, math.nan, S)
     ct.store(varlen_states, (i_s, i_h, i_p, 0), ct.reshape(S, (1, 1, BLOCK_P, DSTATE)))
 
 
-# The kernel object, int32 indices only (ssd_varlen runs where every array has fewer than 2^31
-# elements: kernels.arrays.int32_indexed of the function)
-_ssd_varlen = ct.kernel(int32_indexed(_ssd_varlen_kernel), occupancy=OCCUPANCY)
+def _ssd_varlen_refused_kernel(y: ct.IndexedWithInt64, varlen_states: ct.IndexedWithInt64,
+                               errors, BLOCK_T: ct.Constant[int], BLOCK_P: ct.Constant[int],
+                               DSTATE: ct.Constant[int]):
+    """One program, after _ssd_varlen_kernel: NaN to all of head bid(0)'s y and states where
+    that kernel refused the call's cu_seqlens (which tokens no sequence covers is not known
+    here); a call whose offsets are good loads its error word and stores nothing."""
+    i_h = ct.bid(0)
+    refused = (ct.gather(errors, 0) & ERROR_CU_SEQLENS) != 0
+    p_blocks = ct.cdiv(y.shape[3], BLOCK_P)
+    y_nan = ct.full((1, BLOCK_T, 1, BLOCK_P), math.nan, dtype=y.dtype)
+    for i in range(ct.where(refused, ct.cdiv(y.shape[1], BLOCK_T) * p_blocks, 0)):
+        ct.store(y, (0, i // p_blocks, i_h, i % p_blocks), y_nan)
+    state_nan = ct.full((1, 1, BLOCK_P, DSTATE), math.nan, dtype=ct.float32)
+    for i in range(ct.where(refused, varlen_states.shape[0] * p_blocks, 0)):
+        ct.store(varlen_states, (i // p_blocks, i_h, i % p_blocks, 0), state_nan)
+
+
+# The kernel objects, int32 indices only (ssd_varlen runs where every array has fewer than 2^31
+# elements: kernels.arrays.int32_indexed of the function): by occupancy hint, then the refusal's
+_ssd_varlen = ct.kernel(int32_indexed(_ssd_varlen_kernel), occupancy=OCCUPANCY_OTHERS)
+_ssd_varlen_three_per_sm = _ssd_varlen.replace_hints(occupancy=OCCUPANCIES["bfloat16"])
+_KERNELS = {OCCUPANCY_OTHERS: _ssd_varlen, OCCUPANCIES["bfloat16"]: _ssd_varlen_three_per_sm}
+_ssd_varlen_refused = ct.kernel(int32_indexed(_ssd_varlen_refused_kernel))
 
 
 def _tiles(headdim: int, dstate: int, chunk_size: int) -> tuple[int, int, int]:
@@ -122,11 +152,12 @@ def _tiles(headdim: int, dstate: int, chunk_size: int) -> tuple[int, int, int]:
             pow2_tile(dstate, lo=MMA_MIN))
 
 
-def ssd_varlen_launch(x, B, C, dt_out, A, cu_seqlens, initial_states, D, z, y, varlen_states,
-                      *, errors=None):
-    """(kernel, grid, kernel args) of ssd_varlen: the one place its tiles are chosen. Reads only
-    shapes and dtypes. `cu_seqlens`: int32 offsets; `errors`: the call's error word (None only
-    in a launch that is planned, never run)."""
+def ssd_varlen_launches(x, B, C, dt_out, A, cu_seqlens, initial_states, D, z, y, varlen_states,
+                        *, errors=None) -> list[tuple]:
+    """[(kernel, grid, kernel args)] of ssd_varlen, then of its refusal's NaN (y need not be
+    filled before them): the one place their tiles and hints are chosen. Reads only shapes and
+    dtypes. `cu_seqlens`: int32 offsets; `errors`: the call's error word (None only in a launch
+    that is planned, never run)."""
     _, _, nheads, headdim = (int(s) for s in x.shape)
     num_seqs = int(cu_seqlens.shape[0]) - 1
     block_t, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]))
@@ -137,5 +168,7 @@ def ssd_varlen_launch(x, B, C, dt_out, A, cu_seqlens, initial_states, D, z, y, v
     if needs_int64(*args):
         raise ValueError("cu_seqlens: a packed row with an array of 2^31 elements or more is "
                          "not supported (int32 indices only)")
-    grid = (-(-headdim // block_p), nheads, num_seqs)
-    return _ssd_varlen, grid, args
+    kernel = _KERNELS[OCCUPANCIES.get(dtype_name(x), OCCUPANCY_OTHERS)]
+    refused = (y, varlen_states, errors, REFUSED_BLOCK_T, block_p, dstate_tile)
+    return [(kernel, (-(-headdim // block_p), nheads, num_seqs), args),
+            (_ssd_varlen_refused, (nheads,), refused)]

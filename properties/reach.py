@@ -154,19 +154,27 @@ def _ssd_varlen(a: dict) -> dict:
             "initial_states": a["HAS_INITIAL_STATES"]}
 
 
+def _ssd_varlen_refused(a: dict) -> dict:
+    y, states = a["y"], a["varlen_states"]
+    return {"headdim blocks": _blocks(y.shape[3], a["BLOCK_P"]),
+            "dstate tile": "full" if states.shape[3] == a["DSTATE"] else "padded"}
+
+
 CLASSES_OF = {"_chunk_cumsum_kernel": _chunk_cumsum, "_fwd_pass_state_kernel": _fwd_pass_state,
               "_state_pass_kernel": _state_pass, "_compute_out_kernel": _compute_out,
               "_compute_out_chunk_kernel": _compute_out, "_ssd_scan_kernel": _ssd_scan,
-              "_ssd_varlen_kernel": _ssd_varlen}
+              "_ssd_varlen_kernel": _ssd_varlen,
+              "_ssd_varlen_refused_kernel": _ssd_varlen_refused}
 
 
 def classes(kernel, grid, args) -> set[str]:
     """The classes of one launch: 'kernel function: what = value' strings."""
     name = kernel._pyfunc.__name__
     a = _params(kernel, args)
+    batch = a.get("dt_out", a.get("dA_cumsum", a.get("y"))).shape[0]
     found = {f"{name}: object = {_index_width(kernel)}, occupancy "
              f"{kernel._compiler_options.occupancy or 'default'}",
-             f"{name}: batch = {_count(a.get('dt_out', a.get('dA_cumsum')).shape[0])}"}
+             f"{name}: batch = {_count(batch)}"}
     found |= {f"{name}: {what} = {value}" for what, value in CLASSES_OF[name](a).items()}
     return found
 

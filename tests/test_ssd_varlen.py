@@ -35,6 +35,21 @@ def _inputs(seed=0, nheads=4, headdim=24, ngroups=2, dstate=16, options=True):
     return kw
 
 
+@pytest.fixture
+def nan_outputs(monkeypatch):
+    """Every array the forward allocates starts NaN (Backend.empty NaN-filled): a token or a
+    state no kernel writes fails its comparison instead of passing on what memory held."""
+    from kernels.arrays import Backend
+    empty = Backend.empty
+
+    def nan_empty(self, shape, like=None):
+        out = empty(self, shape, like)
+        out.fill_(math.nan) if self.kind == "torch" else out.fill(math.nan)
+        return out
+
+    monkeypatch.setattr(Backend, "empty", nan_empty)
+
+
 def _reference(kw):
     """(y, varlen_states) of separate calls per sequence, and their magnitudes M."""
     args = (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], CU_SEQLENS)
@@ -52,13 +67,14 @@ def _reference(kw):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("options", [False, True], ids=["no_options", "D_z_initial_states"])
-def test_packed_row_matches_separate_sequences(backend, options, request):
+def test_packed_row_matches_separate_sequences(backend, options, request, nan_outputs):
     kw = _inputs(options=options)
     y_ref, states_ref, M, M_states = _reference(kw)
     with recorded_launches() as launches:
         y, states = ssd_forward(**on_backend(backend, kw), cu_seqlens=on_backend(
             backend, {"c": CU_SEQLENS})["c"], return_varlen_states=True)
-    assert [name for name, _, _ in launches] == ["_chunk_cumsum_kernel", "_ssd_varlen_kernel"]
+    assert [name for name, _, _ in launches] == ["_chunk_cumsum_kernel", "_ssd_varlen_kernel",
+                                                 "_ssd_varlen_refused_kernel"]
     check_within("y", y, y_ref, M, KAPPA, request.node.name)
     check_within("varlen_states", states, states_ref, M_states, KAPPA, request.node.name)
     empty = np.flatnonzero(np.asarray(LENGTHS) == 0)
@@ -126,56 +142,52 @@ def test_bad_input_is_refused_by_name_before_any_launch(case):
     assert not launches
 
 
-@pytest.mark.parametrize("bad", ["decreasing_past_seqlen", "short_end", "not_starting_at_0",
-                                 "int64_wrapping_to_plausible"])
+# offsets the host does not read (check_values=False, as on the GPU), each wrong in one way
+BAD_OFFSETS = {
+    # sequence 6 ends past seqlen, sequence 7 ends before it starts
+    "decreasing_past_seqlen": lambda cu: cu.__setitem__(-2, cu[-1] + 10),
+    # the last sequence ends short of seqlen: its last 5 tokens are no one's
+    "short_end": lambda cu: cu.__setitem__(-1, cu[-1] - 5),
+    # sequences 0 and 1 empty at token 1: token 0 is no one's
+    "not_starting_at_0": lambda cu: cu.__setitem__(slice(0, 2), 1),
+}
+
+
+@pytest.mark.parametrize("bad", [*BAD_OFFSETS, "int64_wrapping_to_plausible"])
 def test_bad_offsets_unread_by_the_host_give_nan_and_a_named_error(bad):
-    """With check_values=False (as on the GPU) the kernel finds the offsets: the sequences it
-    refuses get NaN y and states, tokens no sequence covers NaN y, and the error names
-    cu_seqlens. (Offsets whose sequences overlap leave the overlap's y to whichever program
-    writes last on a GPU; the interpreter refuses such a race outright.)"""
+    """The kernel finds the offsets: all of y and every state NaN (the good sequences' too:
+    which tokens no sequence covers is not known), and the error names cu_seqlens. (Offsets
+    whose sequences overlap would leave the overlap to whichever program writes last before
+    the NaN; the interpreter refuses such a race outright.)"""
     kw = _inputs(options=False)
-    cu = CU_SEQLENS.copy()
-    seqlen = int(cu[-1])
-    if bad == "decreasing_past_seqlen":
-        cu[-2] = seqlen + 10  # sequence 6 ends past seqlen, sequence 7 ends before it starts
-        refused, nan_tokens = [6, 7], slice(int(CU_SEQLENS[-3]), seqlen)
-    elif bad == "not_starting_at_0":
-        cu[:2] = 1  # sequences 0 and 1 empty at token 1: token 0 is no one's
-        y, states = ssd_forward(**kw, cu_seqlens=cu, return_varlen_states=True,
-                                check_values=False)
-        assert np.isnan(states[0]).all() and not np.isnan(states[1:]).any()
-        assert np.isnan(y[0, 0]).all() and not np.isnan(y[0, 1:]).any()
-        with pytest.raises(ValueError, match="cu_seqlens must start at 0, be non-decreasing"):
-            raise_pending_errors()
-        return
-    elif bad == "int64_wrapping_to_plausible":
+    if bad == "int64_wrapping_to_plausible":
         # int64 offsets whose int32 wrap (2^32 + 49 -> 49) would look right: refused as they are
         cu = CU_SEQLENS.astype(np.int64)
         cu[4] += 2**32
-        refused, nan_tokens = [3, 4], slice(int(CU_SEQLENS[3]), int(CU_SEQLENS[5]))
-        y, states = ssd_forward(**kw, cu_seqlens=cu, return_varlen_states=True,
-                                check_values=False)
-        assert np.isnan(states[refused]).all()
-        assert not np.isnan(np.delete(states, refused, axis=0)).any()
-        assert np.isnan(y[0, nan_tokens]).all()
-        with pytest.raises(ValueError, match="cu_seqlens must start at 0, be non-decreasing"):
-            raise_pending_errors()
-        return
     else:
-        cu[-1] -= 5  # the last sequence ends short of seqlen: its last 5 tokens are no one's
-        refused, nan_tokens = [7], slice(int(CU_SEQLENS[-2]), seqlen)
+        cu = CU_SEQLENS.copy()
+        BAD_OFFSETS[bad](cu)
     y, states = ssd_forward(**kw, cu_seqlens=cu, return_varlen_states=True, check_values=False)
-    assert np.isnan(states[refused]).all() and not np.isnan(states[:refused[0]]).any()
-    assert np.isnan(y[0, nan_tokens]).all() and not np.isnan(y[0, :nan_tokens.start]).any()
+    assert np.isnan(y).all() and np.isnan(states).all()
     with pytest.raises(ValueError, match="cu_seqlens must start at 0, be non-decreasing"):
         raise_pending_errors()
+
+
+def test_good_offsets_leave_no_error_and_no_nan(nan_outputs):
+    """The refusal's kernel writes nothing where the offsets are good (y is not filled before
+    the kernels, so every token is the sequences')."""
+    kw = _inputs(options=True)
+    y, states = ssd_forward(**kw, cu_seqlens=CU_SEQLENS, return_varlen_states=True,
+                            check_values=False)
+    assert not np.isnan(y).any() and not np.isnan(states).any()
+    raise_pending_errors()
 
 
 @pytest.mark.parametrize("backend, num_seqs", [
     pytest.param("interpreter", 40, id="interpreter_40_sequences"),
     pytest.param("gpu", 300, id="gpu_300_sequences", marks=pytest.mark.gpu),
 ])
-def test_many_short_sequences_in_a_row(backend, num_seqs, request):
+def test_many_short_sequences_in_a_row(backend, num_seqs, request, nan_outputs):
     """Many sequences of 0 to 2 chunks (empty ones included), each from its own initial state:
     y and every state against the separate calls' reference."""
     rng = np.random.default_rng(num_seqs)
