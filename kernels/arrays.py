@@ -363,9 +363,18 @@ def checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D):
     skip = head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM)
     finite = ct.abs(skip) < math.inf
     if CHECK_D:
-        flags = ct.max(ct.where(finite, 0, ERROR_D))
-        ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags)
+        or_error(errors, ct.max(ct.where(finite, 0, ERROR_D)))
     return ct.where(finite, skip, math.nan)
+
+
+def or_error(errors, flags):
+    """ORs the error bits `flags` (an int32 scalar tile, 0 where there are none) into the call's
+    error word errors[0], by a program that has some only (the index 1 is out of bounds: no
+    atomic). Relaxed: the word is read after the launch ends (the host's copy, a later kernel),
+    so nothing orders it with the program's other accesses; the default acquire-release atomic
+    costs every program a GPU-wide barrier and an L1 invalidation (MEMBAR.ALL.GPU and
+    CCTL.IVALL in its SASS), whether it fires or not."""
+    ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags, memory_order=ct.MemoryOrder.RELAXED)
 
 
 def z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P):

@@ -12,7 +12,8 @@ from typing import NamedTuple
 import cuda.tile as ct
 
 from contract import Dims, check_chunk_cumsum_args, check_dt_limit, check_vector_values
-from kernels.arrays import backend_of, check_grid, int32_indexed, needs_int64, pow2_tile
+from kernels.arrays import (backend_of, check_grid, int32_indexed, needs_int64, or_error,
+                           pow2_tile)
 from kernels.constants import ERROR_A, ERROR_D, ERROR_DT_BIAS, LOG2E
 from kernels.errors import check_on_host, open_word
 
@@ -79,12 +80,11 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, D, dt_out: ct.Inde
     bad_head = ct.reshape(bad != 0, (1, BLOCK_H))
     v = ct.where(bad_head, math.nan, v)
     dA = ct.where(bad_head, math.nan, dA)
-    # the OR of the bits of the block's bad heads, into errors[0] only where there is one (the
-    # index 1 is out of bounds: no atomic for a good block)
+    # the OR of the bits of the block's bad heads, into errors[0] only where there is one
     flags = ct.max(bad & ERROR_A) | ct.max(bad & ERROR_DT_BIAS)
     if HAS_D:  # checked here, where an atomic is cheap (in compute_out's loops it is not)
         flags = flags | _bad_D(D, i_hb, (i_c == 0) & (i_b == 0), BLOCK_H, D_PER_HEADDIM)
-    ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags)
+    or_error(errors, flags)
     # stored as (batch, nheads, nchunks, chunk_size); heads past nheads are masked by the store
     ct.store(dt_out, (i_b, i_hb, i_c, 0), ct.reshape(ct.transpose(v), (1, BLOCK_H, 1, CHUNK)))
     ct.store(dA_cumsum, (i_b, i_hb, i_c, 0), ct.reshape(ct.transpose(dA), (1, BLOCK_H, 1, CHUNK)))

@@ -22,7 +22,7 @@ import cuda.tile as ct
 
 from contract import dtype_name
 from kernels.arrays import (MMA_MIN, checked_D, gate, int32_indexed, mma_operand, needs_int64,
-                           pow2_tile)
+                           or_error, pow2_tile)
 from kernels.constants import ERROR_CU_SEQLENS, LOG2E
 
 # tokens per step, at most the chunk: each block's decay cumsum then adds no more terms than
@@ -59,7 +59,7 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
     bad = (end < start) | (start < 0) | (end > seqlen)
     bad = bad | ((i_s == 0) & (start != 0))
     bad = bad | ((i_s == cu_seqlens.shape[0] - 2) & (end != seqlen))
-    ct.atomic_or(errors, ct.where(bad, 0, 1), ERROR_CU_SEQLENS)
+    or_error(errors, ct.where(bad, ERROR_CU_SEQLENS, 0))
     if HAS_INITIAL_STATES:
         S = ct.load(initial_states, (i_s, i_h, i_p, 0), shape=(1, 1, BLOCK_P, DSTATE),
                     padding_mode=ct.PaddingMode.ZERO)
@@ -123,9 +123,9 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
 def _ssd_varlen_refused_kernel(y: ct.IndexedWithInt64, varlen_states: ct.IndexedWithInt64,
                                errors, BLOCK_T: ct.Constant[int], BLOCK_P: ct.Constant[int],
                                DSTATE: ct.Constant[int]):
-    """One program, after _ssd_varlen_kernel: NaN to all of head bid(0)'s y and states where
-    that kernel refused the call's cu_seqlens (which tokens no sequence covers is not known
-    here); a call whose offsets are good loads its error word and stores nothing."""
+    """A program per head, after _ssd_varlen_kernel: NaN to all of head bid(0)'s y and states
+    where that kernel refused the call's cu_seqlens (which tokens no sequence covers is not
+    known here); where the offsets are good it loads the error word and stores nothing."""
     i_h = ct.bid(0)
     refused = (ct.gather(errors, 0) & ERROR_CU_SEQLENS) != 0
     p_blocks = ct.cdiv(y.shape[3], BLOCK_P)

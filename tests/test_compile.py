@@ -30,8 +30,10 @@ from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSig
 
 from contract import Dims
 from kernels.arrays import index_dtype, needs_int64
+from kernels.compute_out import Choice as OutChoice
 from kernels.compute_out import compute_out_launch
 from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts, varlen_launches
+from kernels.ssd_scan import Choice as ScanChoice
 from kernels.ssd_scan import ssd_scan_launch
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
@@ -306,6 +308,38 @@ def cubins(request):
 def test_kernel_compiles_to_cubin(name, arch, cubins):
     for index, future in enumerate(cubins[name, arch]):
         assert future.result()[:4] == b"\x7fELF", (name, arch, SPECIALIZATIONS[name][1][index])
+
+
+def _crashed_compute_out():
+    a = stand_in_arrays(Dims(1, 256, 4, 16, 1, 16, 128), dict(D="channel"))
+    return compute_out_launch(*a.compute_out_arrays(), 132, errors=a.errors,
+                              choice=OutChoice("whole_chunks", 1, 1, 64))
+
+
+def _crashed_ssd_scan():
+    a = stand_in_arrays(Dims(1, 300, 4, 100, 2, 100, 256),
+                        dict(D="channel", z=True, initial_states=True))
+    return ssd_scan_launch(a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z,
+                           None, a.y, a.final_states, 132, ScanChoice(1, 1, 32, None),
+                           errors=a.errors)
+
+
+# Choices off the rules' path that tileiras 13.4 crashed compiling for sm_90 (SIGSEGV, met by
+# the property cover and the GPU tests on the H200) while the kernels' error atomics were
+# acquire-release (kernels.arrays.or_error): compute_out's program per chunk at one program per
+# SM, D per channel, headdim and dstate 16; the scan's 32-channel block at one program per SM,
+# D per channel, z and initial states
+CRASHED = {"compute_out_whole_chunks_one_per_sm_dims_16": _crashed_compute_out,
+           "ssd_scan_block_p32_one_per_sm_options": _crashed_ssd_scan}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", CRASHED)
+def test_choices_tileiras_crashed_on_compile_for_sm90(name):
+    kernel, _, args = CRASHED[name]()
+    out = io.BytesIO()
+    export_kernel(kernel, [signature(kernel, args)], out, gpu_code="sm_90", output_format="cubin")
+    assert out.getvalue()[:4] == b"\x7fELF"
 
 
 def test_kernel_objects_index_as_their_names_say():
