@@ -37,6 +37,11 @@ from kernels.ssd_scan import Choice as ScanChoice
 from kernels.ssd_scan import ssd_scan_launch
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
+# The default run compiles every specialization for the H200's architecture and, for the others,
+# each kernel object's cover (`covering`: every option on and off, every array dtype); the rest
+# of those is marked slow, so `pytest -m compile` (the review gate) compiles all of it. The
+# whole gate is about 430 tileiras runs, half of CI's time on 2 cores; the cover about 230.
+FULL_ARCH = "sm_90"
 
 
 ITEMSIZE = {"float32": 4, "int32": 4, "bfloat16": 2, "float16": 2}
@@ -285,29 +290,84 @@ def _export(name: str, arch: str, index: int) -> bytes:
     return out.getvalue()
 
 
+def _features(kernel, args) -> set:
+    """(parameter, value) of a specialization's boolean options, (parameter, dtype) of its
+    arrays."""
+    params = inspect.signature(kernel._pyfunc).parameters
+    return {(p, a if isinstance(a, bool) else a.dtype)
+            for p, a in zip(params, args, strict=True) if isinstance(a, (bool, ArraySpec))}
+
+
+def covering(kernel, arg_lists) -> list[int]:
+    """Indices of a few of a kernel object's specializations that between them compile every
+    boolean option both on and off and every array parameter in each of its dtypes (greedy)."""
+    features = [_features(kernel, args) for args in arg_lists]
+    needed, chosen = set().union(*features), []
+    while needed or not chosen:
+        best = max(range(len(arg_lists)), key=lambda i: (len(features[i] & needed), -i))
+        chosen.append(best)
+        needed -= features[best]
+    return sorted(chosen)
+
+
+def _indices(name: str, part: str) -> list[int]:
+    """The specializations of one compile test: "all" of them, the "cover" or the "rest"."""
+    kernel, arg_lists = SPECIALIZATIONS[name]
+    everything = range(len(arg_lists))
+    if part == "all":
+        return list(everything)
+    cover = covering(kernel, arg_lists)
+    return cover if part == "cover" else [i for i in everything if i not in cover]
+
+
+def _compile_cases():
+    for name in sorted(SPECIALIZATIONS):
+        for arch in ARCHS:
+            if arch == FULL_ARCH:
+                yield pytest.param(name, arch, "all", id=f"{name}-{arch}")
+                continue
+            yield pytest.param(name, arch, "cover", id=f"{name}-{arch}-cover")
+            if _indices(name, "rest"):
+                yield pytest.param(name, arch, "rest", id=f"{name}-{arch}-rest",
+                                   marks=pytest.mark.slow)
+
+
 @pytest.fixture(scope="module")
 def cubins(request):
-    """{(name, arch): futures of its specializations' cubins} for the selected compile tests.
+    """{(name, arch, part): {index: future of its cubin}} for the selected compile tests.
 
     Each export is a tileiras run of about a second, so they go to a pool of processes, one
     per core, as soon as the first compile test starts; each test waits for its own."""
-    wanted = [(item.callspec.params["name"], item.callspec.params["arch"])
+    wanted = [(item.callspec.params["name"], item.callspec.params["arch"],
+               item.callspec.params["part"])
               for item in request.session.items
               if getattr(item, "originalname", None) == "test_kernel_compiles_to_cubin"]
     context = multiprocessing.get_context("fork")  # the children inherit SPECIALIZATIONS
     with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=context) as pool:
-        yield {(name, arch): [pool.submit(_export, name, arch, index)
-                              for index in range(len(SPECIALIZATIONS[name][1]))]
-               for name, arch in wanted}
+        yield {(name, arch, part): {index: pool.submit(_export, name, arch, index)
+                                    for index in _indices(name, part)}
+               for name, arch, part in wanted}
         pool.shutdown(cancel_futures=True)
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", sorted(SPECIALIZATIONS))
-def test_kernel_compiles_to_cubin(name, arch, cubins):
-    for index, future in enumerate(cubins[name, arch]):
+@pytest.mark.parametrize("name, arch, part", list(_compile_cases()))
+def test_kernel_compiles_to_cubin(name, arch, part, cubins):
+    futures = cubins[name, arch, part]
+    assert futures, (name, arch, part)
+    for index, future in futures.items():
         assert future.result()[:4] == b"\x7fELF", (name, arch, SPECIALIZATIONS[name][1][index])
+
+
+def test_the_cover_compiles_every_option_and_dtype_of_each_kernel_object():
+    """Each kernel object's cover (what the default run compiles for the other architectures)
+    holds every boolean option both on and off and every array dtype its specializations have;
+    cover and rest together are all of them."""
+    for name, (kernel, arg_lists) in SPECIALIZATIONS.items():
+        cover = _indices(name, "cover")
+        assert set().union(*(_features(kernel, arg_lists[i]) for i in cover)) == set().union(
+            *(_features(kernel, args) for args in arg_lists)), name
+        assert sorted(cover + _indices(name, "rest")) == list(range(len(arg_lists)))
 
 
 def _crashed_compute_out():
