@@ -105,15 +105,6 @@ class Backend:
             return self.xp.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
         return self.xp.empty(shape, dtype=dtype)
 
-    def nan_filled(self, shape: tuple[int, ...], like=None):
-        """empty()'s array filled with NaN on the device (for outputs a bad argument the host
-        cannot see may leave unwritten)."""
-        out = self.empty(shape, like)
-        if self.kind == "torch":
-            return out.fill_(math.nan)
-        out.fill(math.nan)
-        return out
-
     def offsets_int32(self, a, limit: int):
         """Integer offsets `a` as a C-contiguous int32 array of the same kind, converted on its
         device: a value outside [0, limit] becomes -1 (an int64 offset must not wrap into a

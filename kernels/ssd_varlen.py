@@ -54,8 +54,7 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
     start = ct.gather(cu_seqlens, i_s)  # the sequence's tokens: start ... end - 1
     end = ct.gather(cu_seqlens, i_s + 1)
     # offsets that do not start at 0, decrease, or end past seqlen (or short of it): the error
-    # word's bit, no y written (the launcher NaN-fills y, so the sequence's tokens and those no
-    # sequence covers stay NaN) and a NaN state
+    # word's bit and no step (_ssd_varlen_refused_kernel then NaNs all of y and every state)
     bad = (end < start) | (start < 0) | (end > seqlen)
     bad = bad | ((i_s == 0) & (start != 0))
     bad = bad | ((i_s == cu_seqlens.shape[0] - 2) & (end != seqlen))

@@ -577,38 +577,47 @@ def varlen_packed(p: Problem, backend: str) -> dict:
     chunk + 1 and several chunks among the draws; packed_offsets), each from its own random
     initial state: ssd_forward(cu_seqlens=...) equals a call per sequence, y and each
     sequence's final state within that sequence's own forward bounds (forward_bounds of the
-    sequence alone); an empty sequence's state is its initial state, bit for bit. Without
-    drawn lengths (a cover problem): 0, 1, chunk - 1, chunk, chunk + 1, then the rest."""
+    sequence alone); an empty sequence's state is its initial state, bit for bit. The same row
+    again with x, B, C, z in bfloat16 (its own kernel object; on the GPU as torch tensors), y
+    within narrow_output_bound at kappa of bfloat16 operands. Without drawn lengths (a cover
+    problem): 0, 1, chunk - 1, chunk, chunk + 1, then the rest."""
     row = lambda a: None if a is None else a[:1]  # noqa: E731
     q = p.replace(x=row(p.x), dt=row(p.dt), B=row(p.B), C=row(p.C), z=row(p.z), seq_idx=None,
                   initial_states=None)
     d = q.dims
     q_size = q.chunk_size
     cu = packed_offsets(d.seqlen, p.params.get("lengths", [0, 1, q_size - 1, q_size, q_size + 1]))
-    num_seqs = len(cu) - 1
     rng = np.random.default_rng(p.params.get("seed", 0))
-    h0 = rng.standard_normal((num_seqs, d.nheads, d.headdim, d.dstate)).astype(np.float32)
+    h0 = rng.standard_normal((len(cu) - 1, d.nheads, d.headdim, d.dstate)).astype(np.float32)
+    return _merge(_packed_against_alone(q, cu, h0, backend),
+                  _packed_against_alone(_as_bfloat16(q), cu, h0, _narrow_backend(backend)))
+
+
+def _packed_against_alone(q: Problem, cu, h0, backend: str) -> dict:
+    """varlen_packed's check of one packed row q (float32 or bfloat16 activations)."""
+    narrow = q.x.dtype == ml_dtypes.bfloat16
     opts = dict(D=q.D, z=q.z, dt_bias=q.dt_bias, dt_softplus=q.dt_softplus, dt_limit=q.dt_limit)
     y, states = _call(ssd_forward, backend, q.x, q.dt, q.A, q.B, q.C, q.chunk_size,
                       initial_states=h0, cu_seqlens=cu, return_varlen_states=True, **opts)
     metrics = []
-    for k in range(num_seqs):
+    for k in range(len(cu) - 1):
         lo, hi = int(cu[k]), int(cu[k + 1])
         if lo == hi:
             check_identical(f"sequence {k}'s state (empty: its initial state)", states[k], h0[k],
                             q)
             continue
         cut = lambda a: None if a is None else a[:, lo:hi]  # noqa: E731
-        alone = q.replace(x=cut(q.x), dt=cut(q.dt), B=cut(q.B), C=cut(q.C), z=cut(q.z),
-                          initial_states=h0[k:k + 1])
+        alone = _wide(q.replace(x=cut(q.x), dt=cut(q.dt), B=cut(q.B), C=cut(q.C), z=cut(q.z),
+                                initial_states=h0[k:k + 1]))
         y_ref, final_ref = R.ssd_recurrent(alone.x, alone.dt, alone.A, alone.B, alone.C,
                                            **alone.options())
-        b = forward_bounds(alone)
-        metrics += [check_close(f"sequence {k} (tokens {lo}:{hi}) y", y[:, lo:hi], y_ref, b.y,
+        b = forward_bounds(alone, operands="bfloat16" if narrow else "tfloat32")
+        y_bound = narrow_output_bound(y_ref, b.y, "bfloat16") if narrow else b.y
+        what = f"{'bf16 ' if narrow else ''}sequence {k} (tokens {lo}:{hi})"
+        metrics += [check_close(f"{what} y", np.asarray(y[:, lo:hi], np.float64), y_ref, y_bound,
                                 b.M, alone, label="y", floor=b.floor),
-                    check_close(f"sequence {k} (tokens {lo}:{hi}) state", states[k:k + 1],
-                                final_ref, b.final, b.final_M, alone, label="state",
-                                floor=b.floor)]
+                    check_close(f"{what} state", states[k:k + 1], final_ref, b.final, b.final_M,
+                                alone, label="state", floor=b.floor)]
     return _merge(*metrics)
 
 

@@ -155,9 +155,9 @@ def _ssd_varlen(a: dict) -> dict:
 
 
 def _ssd_varlen_refused(a: dict) -> dict:
-    y, states = a["y"], a["varlen_states"]
-    return {"headdim blocks": _blocks(y.shape[3], a["BLOCK_P"]),
-            "dstate tile": "full" if states.shape[3] == a["DSTATE"] else "padded"}
+    # its object and batch only: the properties send good offsets, where it stores nothing (its
+    # NaN tiles are tested by tests/test_ssd_varlen.py's bad offsets)
+    return {}
 
 
 CLASSES_OF = {"_chunk_cumsum_kernel": _chunk_cumsum, "_fwd_pass_state_kernel": _fwd_pass_state,
@@ -201,16 +201,18 @@ _OPTIONS = [dict(), dict(D="head"), dict(D="channel"), dict(z=True), dict(dt_bia
                  initial_states=True, seq_idx=True)]
 
 
-def _arrays(d: Dims, opts: dict) -> ForwardArrays:
+def _arrays(d: Dims, opts: dict, activations: str = "float32") -> ForwardArrays:
+    """Stand-ins of ssd_forward's arrays: x, B, C, z and y in `activations`, the rest float32."""
     s = lambda name, dtype="float32": _Stand(d.shape(name), dtype)  # noqa: E731
+    a = lambda name: s(name, activations)  # noqa: E731
     D = {"head": _Stand((d.nheads,)), "channel": s("D")}.get(opts.get("D"))
     return ForwardArrays(
-        s("x"), s("dt"), s("A"), s("B"), s("C"), D, s("z") if opts.get("z") else None,
+        a("x"), s("dt"), s("A"), a("B"), a("C"), D, a("z") if opts.get("z") else None,
         s("dt_bias") if opts.get("dt_bias") else None,
         s("initial_states") if opts.get("initial_states") else None,
         s("seq_idx", "int32") if opts.get("seq_idx") else None,
         opts.get("softplus", False), opts.get("dt_limit", (0.0, math.inf)), s("dt_out"),
-        s("dA_cumsum"), s("chunk_states"), s("final_states"), s("y"), _Stand((1,), "int32"))
+        s("dA_cumsum"), s("chunk_states"), s("final_states"), a("y"), _Stand((1,), "int32"))
 
 
 def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) -> list:
@@ -220,14 +222,17 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
     properties.checks.compute_out_alone runs them; every choice where params is None),
     "ssd_scan_alone" (its choices at `params`' occupancy; all where params is None),
     "varlen_packed" (ssd_forward on the problem's first row packed, initial states per
-    sequence: chunk_cumsum and ssd_varlen)."""
+    sequence: chunk_cumsum and ssd_varlen, float32 and bfloat16 activations)."""
     if kind == "varlen_packed":
-        a = _arrays(dataclasses.replace(d, batch=1), dict(opts, initial_states=True))
         states = _Stand((2, d.nheads, d.headdim, d.dstate))  # 2 sequences: a stand-in count
-        if needs_int64(a.x, a.B, a.C, a.dt_out, states):  # int32 indices only
-            return []
-        return varlen_launches(dataclasses.replace(a, initial_states=states),
-                               _Stand((3,), "int32"), states)
+        found = []
+        for activations in ("float32", "bfloat16"):
+            a = _arrays(dataclasses.replace(d, batch=1), dict(opts, initial_states=True),
+                        activations)
+            if not needs_int64(a.x, a.B, a.C, a.dt_out, states):  # int32 indices only
+                found += varlen_launches(dataclasses.replace(a, initial_states=states),
+                                         _Stand((3,), "int32"), states)
+        return found
     a = _arrays(d, opts)
     if kind == "forward":
         return [launch for part in forward_plan(a, sm_count, 1) for launch in part]

@@ -5,12 +5,14 @@ launch, or (values the host does not read) NaN states and a named error."""
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import reference as R
 from kernels import raise_pending_errors, ssd_forward
 from properties.bounds import KAPPA
+from properties.checks import outputs_filled_with, to_backend, to_host
 from shapes import BACKENDS, check_within, on_backend, recorded_launches, to_numpy
 
 CHUNK = 16
@@ -35,21 +37,6 @@ def _inputs(seed=0, nheads=4, headdim=24, ngroups=2, dstate=16, options=True):
     return kw
 
 
-@pytest.fixture
-def nan_outputs(monkeypatch):
-    """Every array the forward allocates starts NaN (Backend.empty NaN-filled): a token or a
-    state no kernel writes fails its comparison instead of passing on what memory held."""
-    from kernels.arrays import Backend
-    empty = Backend.empty
-
-    def nan_empty(self, shape, like=None):
-        out = empty(self, shape, like)
-        out.fill_(math.nan) if self.kind == "torch" else out.fill(math.nan)
-        return out
-
-    monkeypatch.setattr(Backend, "empty", nan_empty)
-
-
 def _reference(kw):
     """(y, varlen_states) of separate calls per sequence, and their magnitudes M."""
     args = (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], CU_SEQLENS)
@@ -67,7 +54,8 @@ def _reference(kw):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("options", [False, True], ids=["no_options", "D_z_initial_states"])
-def test_packed_row_matches_separate_sequences(backend, options, request, nan_outputs):
+@pytest.mark.usefixtures("nan_filled_outputs")
+def test_packed_row_matches_separate_sequences(backend, options, request):
     kw = _inputs(options=options)
     y_ref, states_ref, M, M_states = _reference(kw)
     with recorded_launches() as launches:
@@ -153,13 +141,17 @@ BAD_OFFSETS = {
 }
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("bad", [*BAD_OFFSETS, "int64_wrapping_to_plausible"])
-def test_bad_offsets_unread_by_the_host_give_nan_and_a_named_error(bad):
+def test_bad_offsets_unread_by_the_host_give_nan_and_a_named_error(bad, dtype, backend):
     """The kernel finds the offsets: all of y and every state NaN (the good sequences' too:
-    which tokens no sequence covers is not known), and the error names cu_seqlens. (Offsets
+    which tokens no sequence covers is not known), and the error names cu_seqlens; headdim 100
+    (two headdim blocks) and dstate 20 (a padded dstate tile), float32 and bfloat16 inputs (on
+    the GPU as torch tensors). The outputs start finite, so the NaN is the kernels'. (Offsets
     whose sequences overlap would leave the overlap to whichever program writes last before
     the NaN; the interpreter refuses such a race outright.)"""
-    kw = _inputs(options=False)
+    kw = _inputs(options=False, headdim=100, dstate=20)
     if bad == "int64_wrapping_to_plausible":
         # int64 offsets whose int32 wrap (2^32 + 49 -> 49) would look right: refused as they are
         cu = CU_SEQLENS.astype(np.int64)
@@ -167,13 +159,21 @@ def test_bad_offsets_unread_by_the_host_give_nan_and_a_named_error(bad):
     else:
         cu = CU_SEQLENS.copy()
         BAD_OFFSETS[bad](cu)
-    y, states = ssd_forward(**kw, cu_seqlens=cu, return_varlen_states=True, check_values=False)
+    if dtype == "bfloat16":
+        kw.update({k: kw[k].astype(ml_dtypes.bfloat16) for k in ("x", "B", "C")})
+        backend = "torch" if backend == "gpu" else backend
+    kw = {k: to_backend(v, backend) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+    with outputs_filled_with(0.0):
+        y, states = ssd_forward(**kw, cu_seqlens=to_backend(cu, backend),
+                                return_varlen_states=True, check_values=False)
+    y, states = to_host(y).astype(np.float32), to_host(states)
     assert np.isnan(y).all() and np.isnan(states).all()
     with pytest.raises(ValueError, match="cu_seqlens must start at 0, be non-decreasing"):
         raise_pending_errors()
 
 
-def test_good_offsets_leave_no_error_and_no_nan(nan_outputs):
+@pytest.mark.usefixtures("nan_filled_outputs")
+def test_good_offsets_leave_no_error_and_no_nan():
     """The refusal's kernel writes nothing where the offsets are good (y is not filled before
     the kernels, so every token is the sequences')."""
     kw = _inputs(options=True)
@@ -187,7 +187,8 @@ def test_good_offsets_leave_no_error_and_no_nan(nan_outputs):
     pytest.param("interpreter", 40, id="interpreter_40_sequences"),
     pytest.param("gpu", 300, id="gpu_300_sequences", marks=pytest.mark.gpu),
 ])
-def test_many_short_sequences_in_a_row(backend, num_seqs, request, nan_outputs):
+@pytest.mark.usefixtures("nan_filled_outputs")
+def test_many_short_sequences_in_a_row(backend, num_seqs, request):
     """Many sequences of 0 to 2 chunks (empty ones included), each from its own initial state:
     y and every state against the separate calls' reference."""
     rng = np.random.default_rng(num_seqs)
