@@ -278,16 +278,20 @@ def test_every_kernel_object_is_compiled_with_every_option():
             assert values == {False, True}, f"{name}: {param} only compiled as {values}"
 
 
-def _export(name: str, arch: str, index: int) -> bytes:
-    """The cubin of one specialization (one tileiras run)."""
-    kernel, arg_lists = SPECIALIZATIONS[name]
+def cubin(kernel, args, arch: str) -> bytes:
+    """The cubin of one launch's specialization for `arch` (one tileiras run)."""
     out = io.BytesIO()
+    export_kernel(kernel, [signature(kernel, args)], out, gpu_code=arch, output_format="cubin")
+    return out.getvalue()
+
+
+def _export(name: str, arch: str, index: int) -> bytes:
+    """The cubin of one of SPECIALIZATIONS, for a pool process."""
+    kernel, arg_lists = SPECIALIZATIONS[name]
     try:
-        export_kernel(kernel, [signature(kernel, arg_lists[index])], out, gpu_code=arch,
-                      output_format="cubin")
+        return cubin(kernel, arg_lists[index], arch)
     except Exception as e:  # as text: the compiler's error class may not survive the pickling
         raise RuntimeError(f"{type(e).__name__}: {e}") from None
-    return out.getvalue()
 
 
 def _features(kernel, args) -> set:
@@ -397,9 +401,7 @@ CRASHED = {"compute_out_whole_chunks_one_per_sm_dims_16": _crashed_compute_out,
 @pytest.mark.parametrize("name", CRASHED)
 def test_choices_tileiras_crashed_on_compile_for_sm90(name):
     kernel, _, args = CRASHED[name]()
-    out = io.BytesIO()
-    export_kernel(kernel, [signature(kernel, args)], out, gpu_code="sm_90", output_format="cubin")
-    assert out.getvalue()[:4] == b"\x7fELF"
+    assert cubin(kernel, args, "sm_90")[:4] == b"\x7fELF"
 
 
 def test_kernel_objects_index_as_their_names_say():

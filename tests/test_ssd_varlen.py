@@ -130,20 +130,25 @@ def test_bad_input_is_refused_by_name_before_any_launch(case):
     assert not launches
 
 
-# offsets the host does not read (check_values=False, as on the GPU), each wrong in one way
-BAD_OFFSETS = {
-    # sequence 6 ends past seqlen, sequence 7 ends before it starts
-    "decreasing_past_seqlen": lambda cu: cu.__setitem__(-2, cu[-1] + 10),
-    # the last sequence ends short of seqlen: its last 5 tokens are no one's
-    "short_end": lambda cu: cu.__setitem__(-1, cu[-1] - 5),
-    # sequences 0 and 1 empty at token 1: token 0 is no one's
-    "not_starting_at_0": lambda cu: cu.__setitem__(slice(0, 2), 1),
-}
+def _bad_offsets(bad: str) -> np.ndarray:
+    """CU_SEQLENS wrong in one way, as the host does not read it (check_values=False)."""
+    cu = CU_SEQLENS.astype(np.int64)
+    if bad == "decreasing_past_seqlen":  # sequence 6 ends past seqlen, 7 ends before it starts
+        cu[-2] = cu[-1] + 10
+    elif bad == "short_end":  # the last sequence ends short of seqlen: 5 tokens are no one's
+        cu[-1] -= 5
+    elif bad == "not_starting_at_0":  # sequences 0 and 1 empty at token 1: token 0 is no one's
+        cu[:2] = 1
+    else:  # int64 offsets whose int32 wrap (2^32 + 49 -> 49) would look right: refused as such
+        cu[4] += 2**32
+        return cu
+    return cu.astype(np.int32)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("bad", [*BAD_OFFSETS, "int64_wrapping_to_plausible"])
+@pytest.mark.parametrize("bad", ["decreasing_past_seqlen", "short_end", "not_starting_at_0",
+                                 "int64_wrapping_to_plausible"])
 def test_bad_offsets_unread_by_the_host_give_nan_and_a_named_error(bad, dtype, backend):
     """The kernel finds the offsets: all of y and every state NaN (the good sequences' too:
     which tokens no sequence covers is not known), and the error names cu_seqlens; headdim 100
@@ -152,13 +157,7 @@ def test_bad_offsets_unread_by_the_host_give_nan_and_a_named_error(bad, dtype, b
     whose sequences overlap would leave the overlap to whichever program writes last before
     the NaN; the interpreter refuses such a race outright.)"""
     kw = _inputs(options=False, headdim=100, dstate=20)
-    if bad == "int64_wrapping_to_plausible":
-        # int64 offsets whose int32 wrap (2^32 + 49 -> 49) would look right: refused as they are
-        cu = CU_SEQLENS.astype(np.int64)
-        cu[4] += 2**32
-    else:
-        cu = CU_SEQLENS.copy()
-        BAD_OFFSETS[bad](cu)
+    cu = _bad_offsets(bad)
     if dtype == "bfloat16":
         kw.update({k: kw[k].astype(ml_dtypes.bfloat16) for k in ("x", "B", "C")})
         backend = "torch" if backend == "gpu" else backend
