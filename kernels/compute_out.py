@@ -18,7 +18,7 @@ import cuda.tile as ct
 from contract import ACTIVATION_DTYPES, check_compute_out_args, check_vector_values, dtype_name
 from kernels import tuning_table
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
-                           mma_operand, needs_int64, pow2_tile, z_gated)
+                           mma_operand, mma_product, needs_int64, pow2_tile, z_gated)
 from kernels.errors import check_on_host, open_word
 
 # Program layouts. "token_blocks" (_compute_out_kernel): a program per token block, looping over
@@ -103,11 +103,11 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     # (faster than y with x second: DECISIONS.md "compute_out: transposed accumulator"). The
     # heads' tiles are tuples unrolled at compile time, so every product stays two-dimensional.
     # x, B, C, z are float32, bfloat16 or float16 arrays. Products take TF32 operands for
-    # float32 and float16 inputs (float16 values are TF32 values), bfloat16 ones for bfloat16
-    # inputs (mma_operand: the inputs as they are, the state and the decayed weights rounded to
-    # bfloat16), always with fp32 accumulators; C . B^T takes 16-bit operands as they are (their
-    # products exact in float32), at twice the TF32 rate. Every other use of a load widens it to
-    # float32 (exact).
+    # float32 inputs, 16-bit ones for 16-bit inputs (mma_product: the inputs as they are, the
+    # state and the decayed weights rounded to the inputs' dtype; a float16 product whose
+    # computed operand leaves float16's range takes TF32 ones), always with fp32 accumulators;
+    # C . B^T takes 16-bit operands as they are (their products exact in float32), at twice the
+    # TF32 rate. Every other use of a load widens it to float32 (exact).
     Ct = ct.load(C, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                  padding_mode=ct.PaddingMode.ZERO)
     CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [DSTATE, BLOCK_T], C's dtype
@@ -127,9 +127,9 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
                          (1, BLOCK_T))
         S = ct.load(chunk_states, (i_b, i_c, i_h, i_p, 0), shape=(1, 1, 1, BLOCK_P, DSTATE),
                     padding_mode=ct.PaddingMode.ZERO)
-        S = mma_operand(ct.reshape(S, (BLOCK_P, DSTATE)), x.dtype)
         # [BLOCK_P, BLOCK_T]
-        acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
+        acc = mma_product(ct.reshape(S, (BLOCK_P, DSTATE)), CtT,
+                          ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32), x.dtype)
         # [1, BLOCK_T]; clamp: rounding must not make it > 1
         decay_in = ct.exp2(ct.minimum(a_t, 0.0))
         if HAS_SEQ_IDX:
@@ -167,8 +167,8 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
                          padding_mode=ct.PaddingMode.ZERO)
             # [P, s]
             xsT = mma_operand(ct.transpose(ct.reshape(xs, (BLOCK_T, BLOCK_P))), x.dtype)
-            W = mma_operand(cbT * LT * dt_s, x.dtype)  # [s, t]
-            new_accs += (ct.mma(xsT, W, accs[i_k]),)
+            W = cbT * LT * dt_s  # [s, t]
+            new_accs += (mma_product(xsT, W, accs[i_k], x.dtype),)
         accs = new_accs
 
     for i_k in ct.static_iter(range(HEADS)):

@@ -15,7 +15,7 @@ import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, mma_operand,
-                           needs_int64, pow2_tile)
+                           mma_product, needs_int64, pow2_tile)
 
 # Modes. "in_order": a program per state slice runs through the chunks in order. "parallel_chunks":
 # every chunk's increment (what its tokens add to a state that entered at zero) is one program,
@@ -140,9 +140,8 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                              padding_mode=ct.PaddingMode.ZERO)
                 w = ct.where(ct.reshape(sk, (BLOCK_K, 1)) == seg_last, w, 0.0)
             # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_P], fp32 accumulator: TF32 operands, or for
-            # bfloat16 inputs bfloat16 ones, B as it is and w o x rounded to bfloat16
-            acc = ct.mma(mma_operand(ct.transpose(Bk), B.dtype), mma_operand(xk * w, B.dtype),
-                         acc)
+            # 16-bit inputs 16-bit ones, B as it is and w o x rounded to B's dtype (mma_product)
+            acc = mma_product(mma_operand(ct.transpose(Bk), B.dtype), xk * w, acc, B.dtype)
         S = acc
     if PARALLEL_CHUNKS:  # the chunk's increment, where its entering state goes (_state_pass)
         ct.store(chunk_states, (i_b, i_c_first, i_h, i_p, i_n),

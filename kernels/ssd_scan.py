@@ -17,7 +17,7 @@ import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_ssd_scan_args, check_vector_values, dtype_name
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
-                           mma_operand, needs_int64, pow2_tile, z_gated)
+                           mma_operand, mma_product, needs_int64, pow2_tile, z_gated)
 from kernels.errors import check_on_host, open_word
 
 HEADS = (1, 2)  # heads of one group per program: C B^T, which they share, is formed once
@@ -87,9 +87,10 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
     # y is accumulated transposed, y^T [BLOCK_P, BLOCK_T], so that x^T is a product's first
     # operand (DECISIONS.md "compute_out: transposed accumulator"). The heads' tiles are tuples
     # unrolled at compile time, so every product stays two-dimensional.
-    # Products take TF32 operands for float32 and float16 inputs, bfloat16 ones for bfloat16
-    # inputs (mma_operand: inputs as they are, the state, the decayed weights and w o x rounded
-    # to bfloat16), fp32 accumulators always; C . B^T takes 16-bit inputs as they are.
+    # Products take TF32 operands for float32 inputs, 16-bit ones for 16-bit inputs
+    # (mma_product: inputs as they are, the state, the decayed weights and w o x rounded to the
+    # inputs' dtype; a float16 product whose computed operand leaves float16's range takes TF32
+    # ones), fp32 accumulators always; C . B^T takes 16-bit inputs as they are.
     states = ()
     a_befores = ()
     skips = ()  # each head's skip weights (NaN where not finite)
@@ -141,8 +142,8 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
             xs = ct.reshape(xs, (BLOCK_T, BLOCK_P))  # [s, P], x's dtype
             # the state's term, [BLOCK_P, BLOCK_T]: 2^(a_t - a_before) S . C_t^T; clamp:
             # rounding must not make the decay > 1
-            acc = ct.mma(mma_operand(states[i_k], x.dtype), CtT,
-                         ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
+            acc = mma_product(states[i_k], CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32),
+                              x.dtype)
             decay_in = ct.exp2(ct.minimum(a_t - a_befores[i_k], 0.0))  # [1, t]
             if HAS_SEQ_IDX:
                 decay_in = ct.where(seg_t == seg_before, decay_in, 0.0)
@@ -151,8 +152,8 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
             # 2^(a_t - a_s): a select on a clamped exponent, so 2^(positive) is never formed
             # above the diagonal and no inf * 0 can appear
             LT = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
-            acc = ct.mma(mma_operand(ct.transpose(xs), x.dtype),
-                         mma_operand(cbT * LT * dt_s, x.dtype), acc)
+            acc = mma_product(mma_operand(ct.transpose(xs), x.dtype), cbT * LT * dt_s, acc,
+                              x.dtype)
             if HAS_D:  # the block's x is x_t: the skip term reads no more
                 acc = acc + skips[i_k] * ct.transpose(xs.astype(ct.float32))
             if HAS_Z:
@@ -171,8 +172,8 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
             if HAS_SEQ_IDX:
                 carry = ct.where(seg_last == seg_before, carry, 0.0)
                 w = ct.where(ct.reshape(seg_t, (BLOCK_T, 1)) == seg_last, w, 0.0)
-            xw = mma_operand(ct.transpose(xs.astype(ct.float32) * w), x.dtype)  # [P, s]
-            new_states += (ct.mma(xw, Bt, states[i_k] * carry),)
+            xw = ct.transpose(xs.astype(ct.float32) * w)  # [P, s]
+            new_states += (mma_product(xw, Bt, states[i_k] * carry, x.dtype),)
             # the next block starts a chunk: dA_cumsum restarts from 0 there
             new_a_befores += (ct.where(i_tc == T_PER_CHUNK - 1, 0.0, a_last),)
         states = new_states

@@ -21,8 +21,8 @@ import math
 import cuda.tile as ct
 
 from contract import dtype_name
-from kernels.arrays import (MMA_MIN, checked_D, gate, int32_indexed, mma_operand, needs_int64,
-                           or_error, pow2_tile)
+from kernels.arrays import (MMA_MIN, checked_D, gate, int32_indexed, mma_operand, mma_product,
+                           needs_int64, or_error, pow2_tile)
 from kernels.constants import ERROR_CU_SEQLENS, LOG2E
 
 # tokens per step, at most the chunk: each block's decay cumsum then adds no more terms than
@@ -96,13 +96,12 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
         a_last = ct.reshape(ct.min(a_s), (1, 1))
         cbT = ct.mma(Bt, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
         # the state's term, [BLOCK_P, BLOCK_T]: 2^a_t S . C_t^T (a_t <= 0: no clamp needed)
-        acc = ct.mma(mma_operand(S, x.dtype), CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
+        acc = mma_product(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32), x.dtype)
         acc = acc * ct.exp2(a_t)
         # the block's own term: a select on a clamped exponent, so 2^(positive) is never formed
         # above the diagonal and no inf * 0 can appear
         LT = ct.where(causal, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
-        acc = ct.mma(mma_operand(ct.transpose(xs), x.dtype),
-                     mma_operand(cbT * LT * dt_s, x.dtype), acc)
+        acc = mma_product(mma_operand(ct.transpose(xs), x.dtype), cbT * LT * dt_s, acc, x.dtype)
         if HAS_D:
             acc = acc + skip * ct.transpose(xs.astype(ct.float32))
         if HAS_Z:
@@ -113,8 +112,8 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
         ct.scatter(y, (0, ct.transpose(t), i_h, ct.transpose(p_col)), acc.astype(y.dtype),
                    mask=ct.transpose(inside))
         w = dt_s * ct.exp2(ct.minimum(a_last - a_s, 0.0))  # [s, 1], scales x's rows
-        xw = mma_operand(ct.transpose(xs.astype(ct.float32) * w), x.dtype)  # [P, s]
-        S = ct.mma(xw, Bt, S * ct.exp2(a_last))
+        xw = ct.transpose(xs.astype(ct.float32) * w)  # [P, s]
+        S = mma_product(xw, Bt, S * ct.exp2(a_last), x.dtype)
 
     ct.store(varlen_states, (i_s, i_h, i_p, 0), ct.reshape(S, (1, 1, BLOCK_P, DSTATE)))
 

@@ -64,8 +64,8 @@ Two terms the relative count does not cover, both zero in ordinary cases:
     FTZ_MIN * (seqlen + 1) * (dstate + 1) * prod(1 + max|factor|).
 
 A bf16 intermediate (u_bf16 = 2^-8 = 8 u) alone adds up to 8 u per term: the bound at kappa ~ 4.2
-leaves it no room (tests/test_properties.py and the mutants check that it is caught). bfloat16
-inputs take bfloat16 products and a bound of their own (below: "bfloat16 products").
+leaves it no room (tests/test_properties.py and the mutants check that it is caught). 16-bit
+inputs take 16-bit products and a bound of their own (below: "16-bit products").
 """
 
 from __future__ import annotations
@@ -114,34 +114,73 @@ def accumulation_length(seqlen: int, chunk_size: int, dstate: int) -> int:
 def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int,
           operands: str = "tfloat32") -> float:
     """kappa of `stage` ('forward', 'compute_out', 'fwd_pass_state') at these sizes, in units
-    of U_TF32, for products of `operands` ('tfloat32': float32 and float16 inputs; 'bfloat16':
-    bfloat16 inputs, see "bfloat16 products" below)."""
+    of U_TF32, for products of `operands` ('tfloat32': float32 inputs; 'bfloat16' or 'float16':
+    16-bit inputs, see "16-bit products" below)."""
     n = accumulation_length(seqlen, chunk_size, dstate)
     fp32 = (ACCUMULATION_U32 * n + FP32_FIXED) * U_FP32 / U_TF32
     if operands == "tfloat32":
         return TF32_ROUNDINGS[stage] + fp32
-    k = BF16_ROUNDINGS[stage]
-    return k * (1.0 + k * U_BF16) * U_BF16 / U_TF32 + fp32
+    k = NARROW_ROUNDINGS[stage]
+    u = U_NARROW[operands]
+    return k * (1.0 + k * u) * u / U_TF32 + fp32
 
 
-# bfloat16 products (x, B, C, z in bfloat16): the derivation
-# ---------------------------------------------------------
-# For bfloat16 inputs every product takes bfloat16 operands with an fp32 accumulator: the inputs
-# as they are (x, B, C: no rounding), the values the kernels compute rounded to bfloat16 once
-# (u_bf16 = 2^-8, round to nearest): compute_out's decayed weights (C B^T o L) * dt and its
-# state operand S, fwd_pass_state's scaled w o x. Per path:
-#   compute_out, intra-chunk path:  (C B^T o L * dt) -> bf16 (C B^T itself exact in fp32)   1
-#   compute_out, carried path:      S -> bf16 (C is exact)                                 1
-#   fwd_pass_state, every increment: (w o x) -> bf16 (B is exact)                          1
-#   end to end, carried path:       the state's 1 + S's 1                                  2
+# 16-bit products (x, B, C, z in bfloat16 or float16): the derivation
+# -------------------------------------------------------------------
+# For 16-bit inputs every product takes 16-bit operands of the inputs' dtype with an fp32
+# accumulator: the inputs as they are (x, B, C: no rounding), the values the kernels compute
+# rounded to that dtype once (u_n = 2^-8 for bfloat16, 2^-11 for float16; round to nearest):
+# compute_out's decayed weights (C B^T o L) * dt and its state operand S, fwd_pass_state's
+# scaled w o x (ssd_scan and ssd_varlen: the same three). Per path:
+#   compute_out, intra-chunk path:  (C B^T o L * dt) -> 16 bits (C B^T itself exact in fp32) 1
+#   compute_out, carried path:      S -> 16 bits (C is exact)                                1
+#   fwd_pass_state, every increment: (w o x) -> 16 bits (B is exact)                         1
+#   end to end, carried path:       the state's 1 + S's 1                                    2
 #   end to end, intra path:         1
-# (the program per chunk runs float32 inputs only). k roundings of |d| <= u_bf16 move a term by
-# at most (1 + u_bf16)^k - 1 <= k u_bf16 (1 + k u_bf16), so the bfloat16 part of kappa is
-# k (1 + k u_bf16) u_bf16 / u in units of u = U_TF32 (about 16.1 for the forward), plus the same
-# fp32 part as above; y's store adds u_bf16 |y| (narrow_output_bound). An 8-bit intermediate
-# (u = 2^-4, 16 u_bf16) or an accumulator kept in bfloat16 (a rounding per addition) exceeds it.
-U_BF16 = 2.0 ** -8
-BF16_ROUNDINGS = {"fwd_pass_state": 1, "compute_out": 1, "forward": 2}
+# (the program per chunk runs float32 inputs only). k roundings of |d| <= u_n move a term by
+# at most (1 + u_n)^k - 1 <= k u_n (1 + k u_n), so the 16-bit part of kappa is
+# k (1 + k u_n) u_n / u in units of u = U_TF32 (bfloat16: about 16.1 for the forward; float16:
+# about 2.0), plus the same fp32 part as above; y's store adds u_n |y| (narrow_output_bound).
+# An 8-bit intermediate (u = 2^-4, 16 u_bf16) or an accumulator kept in 16 bits (a rounding per
+# addition) exceeds it.
+# A float16 product whose computed operand float16 cannot hold (a magnitude of 65504 or more)
+# takes TF32 operands instead (kernels.arrays.mma_product): the float16 inputs are TF32 values
+# and the computed operand rounds with TF32's unit, 2^-11 = u_fp16, so the count is the same.
+# float16 has a narrower exponent range than float32: a computed value below 2^-14 rounds to a
+# subnormal, off by up to half its spacing, 2^-25, in absolute terms (float16_operand_floor).
+NARROW_ROUNDINGS = {"fwd_pass_state": 1, "compute_out": 1, "forward": 2}
+# unit roundoff of a 16-bit value: bfloat16 keeps 7 explicit mantissa bits, float16 10
+U_NARROW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+# half the spacing of float16's subnormals: a rounding's absolute error below 2^-14
+FP16_SUBNORMAL_HALF_SPACING = 2.0 ** -25
+
+
+def float16_operand_floor(x, B, C, z, chunk_size: int):
+    """(y floor (batch, seqlen, nheads, headdim), state floor (batch, nheads, headdim, dstate)):
+    the absolute error of the float16 operand roundings below float16's normal range (the
+    derivation above), each operand element off by at most e = FP16_SUBNORMAL_HALF_SPACING
+    beyond its relative rounding, on the float64 magnitudes of the inputs (layouts of
+    ../shared/spec/ssd.md):
+      - the decayed weights W[s, t], times x_s summed over t's chunk: e * sum_chunk |x_s|;
+      - w o x, times B_s, summed into the state over the tokens (each decayed by <= 1): a state
+        error <= e * sum_s |B_s| per (group, n); the state operand S adds e: reaching y_t
+        through C_t, e * sum_n |C_t,n| (1 + sum_{s <= t} |B_s,n|);
+    the z gate multiplies y's by |silu(z)| <= max(1, |z|). seq_idx resets only drop terms."""
+    e = FP16_SUBNORMAL_HALF_SPACING
+    x, B, C = (np.abs(np.asarray(a, np.float64)) for a in (x, B, C))
+    batch, seqlen, nheads, headdim = x.shape
+    heads_per_group = nheads // B.shape[2]
+    nchunks = -(-seqlen // chunk_size)
+    padded = np.zeros((batch, nchunks * chunk_size, nheads, headdim))
+    padded[:, :seqlen] = x
+    chunk_x = padded.reshape(batch, nchunks, chunk_size, nheads, headdim).sum(axis=2)
+    weights = np.repeat(chunk_x, chunk_size, axis=1)[:, :seqlen]  # [b, t, h, p]
+    through_state = np.einsum("btgn,btgn->btg", C, 1.0 + np.cumsum(B, axis=1))  # [b, t, g]
+    y = e * (weights + np.repeat(through_state, heads_per_group, axis=2)[..., None])
+    if z is not None:
+        y = y * np.maximum(1.0, np.abs(np.asarray(z, np.float64)))
+    state = e * np.repeat(B.sum(axis=1), heads_per_group, axis=1)  # [b, h, n]
+    return y, np.broadcast_to(state[:, :, None, :], (batch, nheads, headdim, B.shape[3]))
 
 
 # The constant for tests up to 4096 tokens, chunk 256 and dstate 256 (every kernel test of the
@@ -212,13 +251,11 @@ def float64_chunked_rel(chunk_size: int, dA_cumsum) -> float:
 # Narrow inputs (x, B, C, z in bfloat16 or float16; dt, A, D, dt_bias, initial_states float32;
 # y in the inputs' dtype): the derivation
 # ------------------------------------------------------------------------------------------
-# For float16 inputs the kernels widen every narrow load to float32 at once, exactly (float16
-# values are TF32 values), and then compute as for float32 inputs, except that compute_out's
-# C B^T takes the float16 operands directly (their products exact in float32, accumulated in
-# float32 as before), so the float32 bound still covers it; for bfloat16 inputs the bound is
-# kappa's with bfloat16 operands (above). So with y_ref the float64 forward of the narrow
-# inputs' own values (upcast, not the float32 data they were rounded from), the float32 result
-# y32 the kernel holds before its store satisfies that bound b: |y32 - y_ref| <= b. The store
+# The products take 16-bit operands, so the bound of the float32 result is kappa's with 16-bit
+# operands (above: "16-bit products"), plus, for float16, float16_operand_floor. So with y_ref
+# the float64 forward of the narrow inputs' own values (upcast, not the float32 data they were
+# rounded from), the float32 result y32 the kernel holds before its store satisfies that bound
+# b: |y32 - y_ref| <= b. The store
 # rounds y32 to the narrow format, to nearest:
 #     |y - y32| <= u_narrow * |y32| <= u_narrow * (|y_ref| + b)
 # (u_bf16 = 2^-8: 7 explicit mantissa bits; u_fp16 = 2^-11: 10 bits), plus, below the normal
@@ -227,8 +264,7 @@ def float64_chunked_rel(chunk_size: int, dA_cumsum) -> float:
 #     |y - y_ref| <= b + u_narrow * (|y_ref| + b) + floor_narrow
 # while |y| stays below the format's largest finite number (float16: 65504; beyond it y is
 # inf, which fails every check). final_states stays float32: its bound is unchanged.
-U_NARROW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
-NARROW_FLOOR = {"bfloat16": FTZ_MIN, "float16": 2.0 ** -25}
+NARROW_FLOOR = {"bfloat16": FTZ_MIN, "float16": FP16_SUBNORMAL_HALF_SPACING}
 
 
 def narrow_output_bound(y_ref, fp32_bound, dtype: str):

@@ -48,8 +48,8 @@ CATALOGUE = [
            "the scan: the state's reference point kept across a chunk boundary, where dA_cumsum "
            "restarts from 0"),
     Mutant("scan_carry_missing", "kernels/ssd_scan.py",
-           "new_states += (ct.mma(xw, Bt, states[i_k] * carry),)",
-           "new_states += (ct.mma(xw, Bt, states[i_k]),)",
+           "new_states += (mma_product(xw, Bt, states[i_k] * carry, x.dtype),)",
+           "new_states += (mma_product(xw, Bt, states[i_k], x.dtype),)",
            "the scan: the state is carried to the next token block without its decay"),
     Mutant("varlen_state_one_token_early", "kernels/ssd_varlen.py",
            "inside = t < end  # padding",
@@ -61,13 +61,13 @@ CATALOGUE = [
            "S = ct.load(initial_states, (ct.maximum(i_s - 1, 0), i_h, i_p, 0)",
            "a packed row: a sequence starts from the previous sequence's initial state"),
     Mutant("varlen_carry_missing", "kernels/ssd_varlen.py",
-           "S = ct.mma(xw, Bt, S * ct.exp2(a_last))",
-           "S = ct.mma(xw, Bt, S)",
+           "S = mma_product(xw, Bt, S * ct.exp2(a_last), x.dtype)",
+           "S = mma_product(xw, Bt, S, x.dtype)",
            "a packed row: the state goes to the sequence's next token block without its decay"),
     Mutant("scan_weights_in_8_bits", "kernels/ssd_scan.py",
-           "mma_operand(cbT * LT * dt_s, x.dtype), acc)",
-           "mma_operand(ct.bitcast(ct.bitcast(cbT * LT * dt_s, ct.int32) & -1048576, "
-           "ct.float32), x.dtype), acc)",
+           "x.dtype), cbT * LT * dt_s, acc,",
+           "x.dtype), ct.bitcast(ct.bitcast(cbT * LT * dt_s, ct.int32) & -1048576, "
+           "ct.float32), acc,",
            "the scan: the decayed weights keep 3 mantissa bits, an 8-bit float's, before their "
            "product"),
     Mutant("scan_reset_missing", "kernels/ssd_scan.py",
@@ -100,8 +100,8 @@ CATALOGUE = [
            "position in its chunk\n    i_g = i_hb * HEADS % B.shape[2]",
            "heads assigned to groups round-robin instead of in contiguous blocks"),
     Mutant("weights_in_bf16", "kernels/compute_out.py",
-           "W = mma_operand(cbT * LT * dt_s, x.dtype)  # [s, t]\n            new_accs",
-           "W = mma_operand((cbT * LT * dt_s).astype(ct.bfloat16).astype(ct.float32), x.dtype)"
+           "W = cbT * LT * dt_s  # [s, t]\n            new_accs",
+           "W = (cbT * LT * dt_s).astype(ct.bfloat16).astype(ct.float32)  # [s, t]"
            "\n            new_accs",
            "the decayed C B^T weights pass through bfloat16 (a precision regression)"),
     Mutant("state_in_bf16", "kernels/fwd_pass_state.py",
@@ -164,8 +164,7 @@ CATALOGUE = [
            "the parallel scan's cumsum stored as it comes: a prefix one ulp above the one before"
            " (the bug the property suite found on the H200)"),
     Mutant("tf32_cast_dropped", "kernels/fwd_pass_state.py",
-           "ct.mma(mma_operand(ct.transpose(Bk), B.dtype), mma_operand(xk * w, B.dtype),\n"
-           "                         acc)",
+           "mma_product(mma_operand(ct.transpose(Bk), B.dtype), xk * w, acc, B.dtype)",
            "ct.mma(ct.transpose(Bk).astype(ct.float32), xk * w, acc)",
            "the state product's operands not cast to tfloat32: exact, but true fp32 on the GPU,"
            " 28x slower"),
@@ -224,16 +223,25 @@ CATALOGUE = [
            "the causal mask takes an s-block's rows without its offset in the chunk"),
     # the 16-bit path (bfloat16 inputs: bfloat16 operands, fp32 decays and accumulators)
     Mutant("weights_in_8_bits", "kernels/compute_out.py",
-           "W = mma_operand(cbT * LT * dt_s, x.dtype)  # [s, t]",
-           "W = mma_operand(ct.bitcast(ct.bitcast(cbT * LT * dt_s, ct.int32) & -1048576, "
-           "ct.float32), x.dtype)  # [s, t]",
+           "W = cbT * LT * dt_s  # [s, t]",
+           "W = ct.bitcast(ct.bitcast(cbT * LT * dt_s, ct.int32) & -1048576, "
+           "ct.float32)  # [s, t]",
            "the decayed weights keep 3 mantissa bits, an 8-bit float's, before their product"),
     Mutant("state_accumulator_in_16_bits", "kernels/fwd_pass_state.py",
-           "mma_operand(xk * w, B.dtype),\n                         acc)",
-           "mma_operand(xk * w, B.dtype),\n                         acc).astype(ct.bfloat16)"
+           "xk * w, acc, B.dtype)",
+           "xk * w, acc, B.dtype).astype(ct.bfloat16)"
            ".astype(ct.float32)",
            "the state's accumulator is rounded to bfloat16 after every product (a 16-bit "
            "accumulator)"),
+    Mutant("float16_operands_in_bfloat16_precision", "kernels/arrays.py",
+           "acc = ct.mma(a.astype(ct.float16), b.astype(ct.float16), acc)",
+           "acc = ct.mma(a.astype(ct.bfloat16).astype(ct.float16), "
+           "b.astype(ct.bfloat16).astype(ct.float16), acc)",
+           "float16 products round their operands with bfloat16's 7 mantissa bits"),
+    Mutant("float16_range_fallback_missing", "kernels/arrays.py",
+           "if _largest_computed(a, b) < FLOAT16_MAX:",
+           "if _largest_computed(a, b) < math.inf:",
+           "a float16 product rounds a computed operand past float16's range (to inf)"),
     Mutant("decay_exponent_in_16_bits", "kernels/compute_out.py",
            "LT = ct.where(keep, ct.exp2(ct.minimum(a_ts[i_k] - a_s, 0.0)), 0.0)",
            "LT = ct.where(keep, ct.exp2(ct.minimum((a_ts[i_k] - a_s).astype(ct.bfloat16)"

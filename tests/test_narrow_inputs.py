@@ -38,7 +38,7 @@ def expected(kw: dict, dtype: str):
         v.dtype.kind == "f" or v.dtype == ml_dtypes.bfloat16) else v for k, v in kw.items()}
     p = Problem(**up)
     y_ref, final_ref = R.ssd_chunked(p.x, p.dt, p.A, p.B, p.C, p.chunk_size, **p.options())
-    b = forward_bounds(p, operands="bfloat16" if dtype == "bfloat16" else "tfloat32")
+    b = forward_bounds(p, operands=dtype)
     return y_ref, final_ref, narrow_output_bound(y_ref, b.y, dtype), b.final, b, p
 
 
@@ -119,3 +119,72 @@ def test_bfloat16_torch_inputs_within_narrow_bound(case_id):
     y_ref, final_ref, y_bound, final_bound, b, p = expected(host, "bfloat16")
     check_close("y", y.float().cpu().numpy(), y_ref, y_bound, b.M, p)
     check_close("final_states", final.cpu().numpy(), final_ref, final_bound, b.final_M, p)
+
+
+# float16 products whose computed operand float16 cannot hold (kernels.arrays.mma_product):
+# activations scaled by powers of two (exact) so that one operand passes 65504 by far while y
+# stays in float16's range. "weights": C B^T dt (B up, x down); "state": the state operand S (x
+# and B up, C down); "scaled_x": w o x (x up, dt >= 2.5, B and C down). (x, B, C exponents, dt
+# range)
+PAST_FLOAT16 = {
+    "weights": ((-12, 10, 6), (1e-3, 0.3)),
+    "state": ((10, 6, -14), (0.5, 1.0)),
+    "scaled_x": ((14, -10, -8), (2.5, 5.0)),
+}
+FLOAT16_PAST = 2.0 ** 17  # twice float16's range: the operand must overflow, not graze it
+
+
+def _past_float16_inputs(regime: str) -> dict:
+    """chunk64_ragged's inputs in float16 with one computed operand past float16's range."""
+    (ex, eb, ec), (dt_lo, dt_hi) = PAST_FLOAT16[regime]
+    kw = make_inputs(BY_ID["chunk64_ragged"], seed=3)
+    rng = np.random.default_rng(4)
+    kw["dt"] = rng.uniform(dt_lo, dt_hi, kw["dt"].shape).astype(np.float32)
+    kw["A"] = np.full_like(kw["A"], -0.1)  # a long memory: the state grows with the tokens
+    kw["x"] = np.clip(kw["x"], -2.0, 2.0)  # x * 2^14 stays below 65504
+    for name, e in zip(("x", "B", "C"), (ex, eb, ec)):
+        kw[name] = (kw[name] * np.float32(2.0 ** e)).astype(np.float16)
+    return kw
+
+
+def _past_operand(regime: str, kw: dict) -> float:
+    """The largest float64 magnitude of the regime's computed operand (a lower bound of it)."""
+    x, B, C, dt = (np.asarray(kw[n], np.float64) for n in ("x", "B", "C", "dt"))
+    if regime == "weights":  # the diagonal of C B^T o L * dt: L = 1 there
+        return float(np.max(np.abs(np.einsum("btgn,btgn->bt", C, B)[..., None] * dt)))
+    if regime == "scaled_x":  # w o x at the token ending a block: w = dt
+        return float(np.max(np.abs(x) * dt[..., None]))
+    _, final = R.ssd_chunked(x, dt, kw["A"], B, C, kw["chunk_size"])
+    return float(np.max(np.abs(final)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("regime", PAST_FLOAT16)
+def test_float16_products_past_float16_range_stay_within_bound(regime, backend):
+    """The forward (the interpreter's: the scan), the three stages and a packed row, each within
+    the float16 bound where a computed operand passes float16's range: that product takes TF32
+    operands instead of rounding to inf."""
+    kw = _past_float16_inputs(regime)
+    assert _past_operand(regime, kw) >= FLOAT16_PAST  # the regime reaches past the range
+    y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "float16")
+    assert np.max(np.abs(y_ref)) < 2.0 ** 15  # y itself fits float16
+    on = on_backend(backend, kw)
+    y, final = (to_numpy(a) for a in ssd_forward(**on, return_final_states=True))
+    check_close(f"{regime}: forward y", y, y_ref, y_bound, b.M, p, floor=b.y_floor)
+    check_close(f"{regime}: forward final_states", final, final_ref, final_bound, b.final_M, p,
+                floor=b.final_floor)
+    dt_out, dA_cumsum = chunk_cumsum(on["dt"], on["A"], kw["chunk_size"])
+    chunk_states, final = fwd_pass_state(on["x"], on["B"], dt_out, dA_cumsum)
+    y = compute_out(on["x"], on["B"], on["C"], dt_out, dA_cumsum, chunk_states)
+    check_close(f"{regime}: three stages y", to_numpy(y), y_ref, y_bound, b.M, p,
+                floor=b.y_floor)
+    check_close(f"{regime}: three stages final_states", to_numpy(final), final_ref, final_bound,
+                b.final_M, p, floor=b.final_floor)
+    row = {k: v[:1] if k in ("x", "dt", "B", "C") else v for k, v in on.items()}
+    cu = on_backend(backend, {"cu": np.array([0, kw["x"].shape[1]], np.int32)})["cu"]
+    y, states = (to_numpy(a) for a in ssd_forward(**row, cu_seqlens=cu,
+                                                    return_varlen_states=True))
+    check_close(f"{regime}: packed y", y, y_ref[:1], y_bound[:1], b.M[:1], p,
+                floor=np.asarray(b.y_floor)[:1])
+    check_close(f"{regime}: packed state", states, final_ref[:1], final_bound[:1],
+                b.final_M[:1], p, floor=np.asarray(b.final_floor)[:1])

@@ -46,3 +46,35 @@ def test_every_product_has_tensor_core_operands(case, layout):
                    if x not in TENSOR_CORE_OPERANDS or y not in TENSOR_CORE_OPERANDS})
     assert not slow, (f"{len(slow)} kind(s) of product with operands not cast for the tensor "
                       f"cores (fp32 operands run in true fp32, 28x slower): {slow}")
+
+
+@pytest.mark.properties
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", [c.param() for c in CASES
+                                  if c.id in ("all_options_chunk16", "chunk256_ragged")])
+def test_16_bit_inputs_take_16_bit_products(case, dtype):
+    """x, B, C, z in `dtype` (values inside float16's range): every product of the forward, of
+    fwd_pass_state and compute_out, and of a packed row takes operands of that dtype, not TF32
+    (TF32 runs at half the 16-bit rate; kernels.arrays.mma_product)."""
+    import ml_dtypes
+    import numpy as np
+    narrow = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float16)
+    kw = {k: v.astype(narrow) if k in ("x", "B", "C", "z") else v
+          for k, v in make_inputs(case).items()}
+    opts = {k: kw.get(k) for k in ("D", "z", "dt_bias", "initial_states", "seq_idx")}
+    with record_mma_operands() as products:
+        ssd_forward(**kw, return_final_states=True)
+        dt_out, dA_cumsum = chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"],
+                                         kw.get("dt_bias"), kw.get("dt_softplus", False),
+                                         kw.get("dt_limit", (0.0, float("inf"))))
+        states, _ = fwd_pass_state(kw["x"], kw["B"], dt_out, dA_cumsum,
+                                   opts["initial_states"], opts["seq_idx"])
+        compute_out(kw["x"], kw["B"], kw["C"], dt_out, dA_cumsum, states, opts["D"], opts["z"],
+                    opts["seq_idx"])
+        row = {k: v[:1] if k in ("x", "dt", "B", "C", "z") else v for k, v in kw.items()
+               if k not in ("initial_states", "seq_idx")}
+        ssd_forward(**row, cu_seqlens=np.array([0, 1, kw["x"].shape[1]], np.int32))
+    assert products, "no matrix product ran on the interpreter"
+    want = getattr(ct, dtype)
+    other = sorted({f"{x} x {y}" for x, y in products if (x, y) != (want, want)})
+    assert not other, f"{len(other)} kind(s) of product without {dtype} operands: {other}"
