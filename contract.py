@@ -45,7 +45,8 @@ CHUNK_SIZES = (16, 32, 64, 128, 256)
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 # The dtypes the kernels read the activations x, B, C, z in (the four of one call alike); every
-# other float input is float32, and so are the states.
+# other float input is float32, and so are the states, but for the chunk states, which are
+# stored in float32 or in the activations' dtype (state_dtype_name).
 ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -81,6 +82,30 @@ def dtype_name(a) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def state_dtype_name(state_dtype, x) -> str | None:
+    """ssd_forward's `state_dtype` (the dtype of the chunk states between the kernels) as a
+    dtype name: None stays None (the forward's default); else float32 or x's dtype, given by
+    name or as a NumPy, ml_dtypes or torch dtype (a TypeError or ValueError naming it
+    otherwise)."""
+    if state_dtype is None:
+        return None
+    if isinstance(state_dtype, str):
+        name = state_dtype
+    elif type(state_dtype).__module__.partition(".")[0] == "torch":
+        name = str(state_dtype).removeprefix("torch.")
+    else:
+        try:
+            name = np.dtype(state_dtype).name
+        except TypeError:
+            raise TypeError(f"state_dtype: must be a dtype or a dtype's name, got "
+                            f"{state_dtype!r}") from None
+    allowed = tuple(dict.fromkeys(("float32", dtype_name(x))))
+    if name not in allowed:
+        raise ValueError(f"state_dtype: must be one of {allowed} (float32 or x's dtype), got "
+                         f"{name}")
     return name
 
 
@@ -350,7 +375,10 @@ def check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, *, D=None, 
     _expect("C", C, dims.shape("C"))
     _activation("C", C, x, float_dtypes, activation_dtypes)
     _expect("chunk_states", chunk_states, dims.shape("chunk_states"))
-    _float("chunk_states", chunk_states, float_dtypes)
+    if activation_dtypes is None:
+        _float("chunk_states", chunk_states, float_dtypes)
+    else:  # the kernels: float32, or x's 16-bit dtype (ssd_forward's state_dtype)
+        _float("chunk_states", chunk_states, tuple(dict.fromkeys((*float_dtypes, dtype_name(x)))))
     _check_D_z(D, z, dims, float_dtypes, x, activation_dtypes)
     if seq_idx is not None:
         check_seq_idx(seq_idx, dims.batch, dims.seqlen)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args
+from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args, state_dtype_name
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, mma_operand,
                            mma_product, needs_int64, pow2_tile)
 
@@ -104,9 +104,10 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
         S = ct.zeros((BLOCK_N, BLOCK_P), dtype=ct.float32)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
     for i_c in range(i_c_first, i_c_end):
-        if not PARALLEL_CHUNKS:
+        if not PARALLEL_CHUNKS:  # stored in chunk_states' dtype (float32 or 16-bit)
             ct.store(chunk_states, (i_b, i_c, i_h, i_p, i_n),
-                     ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))
+                     ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)).astype(
+                         chunk_states.dtype))
         # a_last: the decay over the whole chunk (flat over a short chunk's padding)
         a_last = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, CHUNK - 1), shape=(1, 1, 1, 1)),
                             (1, 1))
@@ -145,7 +146,8 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
         S = acc
     if PARALLEL_CHUNKS:  # the chunk's increment, where its entering state goes (_state_pass)
         ct.store(chunk_states, (i_b, i_c_first, i_h, i_p, i_n),
-                 ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))
+                 ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)).astype(
+                     chunk_states.dtype))
     else:
         ct.store(final_states, (i_b, i_h, i_p, i_n),
                  ct.reshape(ct.transpose(S), (1, 1, BLOCK_P, BLOCK_N)))
@@ -173,10 +175,13 @@ def _state_pass_kernel(initial_states: ct.IndexedWithInt64, seg: ct.IndexedWithI
         S = ct.zeros((BLOCK_P, BLOCK_N), dtype=ct.float32)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
     for i_c in range(dA_cumsum.shape[2]):
+        # chunk_states in float32 or 16 bits: the increment widened (exact), the state carried
+        # in float32 and stored rounded to chunk_states' dtype
         increment = ct.load(chunk_states, (i_b, i_c, i_h, i_p, i_n),
-                            shape=(1, 1, 1, BLOCK_P, BLOCK_N), padding_mode=ct.PaddingMode.ZERO)
+                            shape=(1, 1, 1, BLOCK_P, BLOCK_N),
+                            padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
         ct.store(chunk_states, (i_b, i_c, i_h, i_p, i_n),
-                 ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)))
+                 ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)).astype(chunk_states.dtype))
         # as in _fwd_pass_state_kernel: the decay over the whole chunk, and the state handed on
         # belongs to the segment of the chunk's last real token
         a_last = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, END), shape=(1, 1, 1, 1)), (1, 1))
@@ -273,11 +278,12 @@ def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_
 
 
 def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None, *,
-                   choice: Choice | None = None):
-    """(chunk_states, final_states), float32, of the caller's array type: the state entering
-    every chunk, (batch, nchunks, nheads, headdim, dstate), and the state after the last token,
-    (batch, nheads, headdim, dstate). x and B: float32, bfloat16 or float16, alike. `choice`:
-    the Choice to launch (one of CHOICES, else a ValueError before any launch) instead of the
+                   choice: Choice | None = None, state_dtype=None):
+    """(chunk_states, final_states) of the caller's array type: the state entering every chunk,
+    (batch, nchunks, nheads, headdim, dstate), in `state_dtype` (float32 or x's dtype, as
+    ssd_forward takes it; None: float32), and the state after the last token, (batch, nheads,
+    headdim, dstate), float32. x and B: float32, bfloat16 or float16, alike. `choice`: the
+    Choice to launch (one of CHOICES, else a ValueError before any launch) instead of the
     rules' for this device."""
     backend = backend_of(x=x, B=B, dt_out=dt_out, dA_cumsum=dA_cumsum,
                          initial_states=initial_states, seq_idx=seq_idx)
@@ -285,11 +291,12 @@ def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None, *
                                      seq_idx=seq_idx, float_dtypes=("float32",),
                                      activation_dtypes=ACTIVATION_DTYPES)
     check_grid(dims.batch, dims.nheads)
+    narrow_states = state_dtype_name(state_dtype, x) not in (None, "float32")
     x, B = backend.contiguous(x), backend.contiguous(B)
     dt_out, dA_cumsum = backend.contiguous_float32(dt_out), backend.contiguous_float32(dA_cumsum)
     initial_states = backend.contiguous_float32(initial_states)
     seg = backend.segment_ids(seq_idx)
-    chunk_states = backend.empty(dims.shape("chunk_states"))
+    chunk_states = backend.empty(dims.shape("chunk_states"), like=x if narrow_states else None)
     final_states = backend.empty(dims.shape("final_states"))
     for launch in fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg,
                                           chunk_states, final_states, backend.sm_count, choice):

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from contract import (ACTIVATION_DTYPES, check_cu_seqlens, check_dt_limit, check_forward_args,
                       check_seq_idx_of_offsets, check_vector_values, cu_seqlens_values,
-                      dtype_name)
+                      dtype_name, state_dtype_name)
 from kernels import errors, tuning_table
 from kernels.arrays import GRID_YZ_MAX, backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
@@ -34,6 +34,10 @@ from kernels.ssd_varlen import ssd_varlen_launches
 # elements); results are bit-identical to the whole batch's.
 BATCH_PARTS = 2
 SPLIT_MIN_WAVES = 2
+
+# The dtype the chunk states are stored in between fwd_pass_state and compute_out where the call
+# leaves state_dtype None, by the activations' dtype (DECISIONS.md "Chunk states' dtype").
+STATE_DTYPES = {"float32": "float32", "bfloat16": "float32", "float16": "float32"}
 
 
 @dataclass(frozen=True)
@@ -83,20 +87,22 @@ class ForwardPart(NamedTuple):
     sm_count: Fraction
 
 
-def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=()) -> int:
+def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=(),
+                      state_itemsize: int = 4) -> int:
     """How many batch slices ssd_forward runs concurrently (see BATCH_PARTS): on a GPU of
     `sm_count` SMs, an even batch whose in-order fwd_pass_state grid exceeds SPLIT_MIN_WAVES
     programs per SM and whose second slice starts 16-byte aligned in every batch-first array
     the call has (ct.launch specializes kernels on the alignment: a misaligned slice would lose
     TMA loads). `itemsize`: the activations' (x, B, C, z, y); `given`: the optional batch-first
-    arrays passed (z, initial_states, seq_idx)."""
+    arrays passed (z, initial_states, seq_idx); `state_itemsize`: the chunk states'."""
     if kind == "numpy" or dims.batch % BATCH_PARTS or _scans(dims, sm_count):
         return 1
     programs = in_order_programs(dims.batch, dims.nheads, dims.headdim, dims.dstate)
     if programs <= SPLIT_MIN_WAVES * sm_count:
         return 1
     for name in _BATCH_FIRST + tuple(given):
-        per_element = math.prod(dims.shape(name)[1:]) * (itemsize if name in _NARROW else 4)
+        per_element = math.prod(dims.shape(name)[1:]) * (
+            itemsize if name in _NARROW else state_itemsize if name == "chunk_states" else 4)
         if dims.batch // BATCH_PARTS * per_element % 16:
             return 1
     return BATCH_PARTS
@@ -118,7 +124,7 @@ _NARROW = ("x", "B", "C", "z", "y")
 def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                 seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf),
                 return_final_states=False, return_varlen_states=False, *, check_values=None,
-                batch_parts=None):
+                batch_parts=None, state_dtype=None):
     """y (batch, seqlen, nheads, headdim), or (y, final_states) with return_final_states;
     arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the GPU, on the
     current stream). x, B, C, z: float32, bfloat16 or float16, all four alike (read in that
@@ -129,9 +135,15 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     kernels run in order (forward_launches: chunk_cumsum and the scan where its grid fills the
     GPU, else chunk_cumsum, fwd_pass_state and compute_out); on the GPU, for large even batches
     that run the three kernels, for each of two batch slices, the second slice on a side stream
-    forked from and joined into the current one (BATCH_PARTS; results bit-identical to the whole batch's). `batch_parts` (keyword only): run
-    the batch as that many slices (at most one per element) instead of the rule's count; 1 never
-    splits.
+    forked from and joined into the current one (BATCH_PARTS; results bit-identical to the
+    whole batch's). `batch_parts` (keyword only): run the batch as that many slices (at most one
+    per element) instead of the rule's count; 1 never splits.
+
+    `state_dtype` (keyword only; mamba_ssm's name): the dtype the chunk states are stored in
+    between fwd_pass_state and compute_out, float32 or x's dtype, by name or as a NumPy,
+    ml_dtypes or torch dtype; None: STATE_DTYPES' for x's dtype. 16-bit states add one rounding
+    to the carried state's path (properties/bounds.py); the scan and the packed path keep their
+    state in float32 registers, and final_states is float32 always.
 
     The values of A, D and dt_bias (A < 0, all finite) are checked on the device, by
     chunk_cumsum (kernels.errors): a bad value makes every output it feeds NaN and is raised as a
@@ -167,7 +179,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
             raise ValueError("batch_parts: a packed row (cu_seqlens) is one batch element")
         y, varlen_states = run_varlen_forward(
             x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-            dt_softplus, check_dt_limit(dt_limit), check_values)
+            dt_softplus, check_dt_limit(dt_limit), check_values, state_dtype)
         return (y, varlen_states) if return_varlen_states else y
     _check_batch_parts(batch_parts)
     dt_limit = check_dt_limit(dt_limit)
@@ -178,19 +190,21 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
         # run_forward; anything else runs it directly (and is refused there, by name)
         y, final_states = torch_op.ssd_forward(
             run_forward, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-            dt_softplus, dt_limit, check_values, batch_parts)
+            dt_softplus, dt_limit, check_values, batch_parts, state_dtype_name(state_dtype, x))
     else:
         y, final_states = run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
-                                      seq_idx, dt_softplus, dt_limit, check_values, batch_parts)
+                                      seq_idx, dt_softplus, dt_limit, check_values, batch_parts,
+                                      state_dtype)
     return (y, final_states) if return_final_states else y
 
 
 def run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                dt_softplus, dt_limit, check_values, batch_parts):
+                dt_softplus, dt_limit, check_values, batch_parts, state_dtype=None):
     """(y, final_states): ssd_forward's work for any array kind, by the launch plan of the call's
     signature (launch_plan: built and checked on the signature's first call, then reused)."""
     given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
-    plan = launch_plan(*given[:5], chunk_size, *given[5:], dt_softplus, dt_limit, batch_parts)
+    plan = launch_plan(*given[:5], chunk_size, *given[5:], dt_softplus, dt_limit, batch_parts,
+                       state_dtype)
     backend = plan.backend
     with backend.on_device():
         arrays = plan.arrays(given)
@@ -205,16 +219,18 @@ def run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_i
 
 
 def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                       cu_seqlens, dt_softplus, dt_limit, check_values):
+                       cu_seqlens, dt_softplus, dt_limit, check_values, state_dtype=None):
     """(y, varlen_states) of a packed row: every argument checked first (the values of A, D,
-    dt_bias and cu_seqlens as ssd_forward says), then chunk_cumsum (dt_out; it checks A, D and
-    dt_bias) and ssd_varlen on the caller's current stream."""
+    dt_bias and cu_seqlens as ssd_forward says; state_dtype, which changes nothing here: no
+    chunk states), then chunk_cumsum (dt_out; it checks A, D and dt_bias) and ssd_varlen on the
+    caller's current stream."""
     backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens)
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                               seq_idx=seq_idx, dt_limit=dt_limit, float_dtypes=("float32",),
                               activation_dtypes=ACTIVATION_DTYPES, check_values=False)
     num_seqs = check_cu_seqlens(cu_seqlens, dims, initial_states, float_dtypes=("float32",))
+    state_dtype_name(state_dtype, x)
     if num_seqs > GRID_YZ_MAX:
         raise ValueError(f"cu_seqlens: at most {GRID_YZ_MAX} sequences (a grid axis), got "
                          f"{num_seqs}")
@@ -331,14 +347,15 @@ def _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
 
 
 def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                    dt_softplus, dt_limit, batch_parts=None):
+                    dt_softplus, dt_limit, batch_parts=None, state_dtype=None):
     """(backend, [ForwardPart], y, final_states): ssd_forward's arguments checked (all but the
     values of A, D and dt_bias), made contiguous, its outputs allocated, the batch sliced
     (`batch_parts` slices, or rules_batch_parts' count where None), as the call's launch plan
     does them: the forward's arrays for the tuner and the benchmarks, which launch its parts
     themselves."""
     given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
-    plan = launch_plan(*given[:5], chunk_size, *given[5:], dt_softplus, dt_limit, batch_parts)
+    plan = launch_plan(*given[:5], chunk_size, *given[5:], dt_softplus, dt_limit, batch_parts,
+                       state_dtype)
     backend = plan.backend
     with backend.on_device():
         a = plan.arrays(given)
@@ -388,12 +405,13 @@ class PlannedLaunch:
 @dataclass(frozen=True)
 class LaunchPlan:
     """Everything a call of one signature does but allocate and launch: where it runs, which
-    inputs it copies (to C-contiguous; to float32), the outputs' shapes, and the launches of
-    each batch slice (kernel objects, grids, tile constants and the tuned choice included)."""
+    inputs it copies (to C-contiguous; to float32), the outputs' shapes and whether each has x's
+    dtype (else float32), and the launches of each batch slice (kernel objects, grids, tile
+    constants and the tuned choice included)."""
     backend: Any
     narrow_copies: tuple[str, ...]
     float32_copies: tuple[str, ...]
-    outputs: tuple[tuple[str, tuple[int, ...]], ...]
+    outputs: tuple[tuple[str, tuple[int, ...], bool], ...]
     parts: tuple[tuple[PlannedLaunch, ...], ...]
     # every (array name, rows) the launches take, once
     needs: tuple[tuple[str, tuple[int, int] | None], ...]
@@ -409,8 +427,8 @@ class LaunchPlan:
         for name in self.float32_copies:
             arrays[name] = backend.contiguous_float32(arrays[name])
         arrays["seg"] = backend.segment_ids(arrays["seq_idx"])
-        for name, shape in self.outputs:
-            arrays[name] = backend.empty(shape, like=arrays["x"] if name == "y" else None)
+        for name, shape, like_x in self.outputs:
+            arrays[name] = backend.empty(shape, like=arrays["x"] if like_x else None)
         return arrays
 
     def bind(self, arrays: dict) -> list[list[tuple]]:
@@ -423,12 +441,13 @@ class LaunchPlan:
 
 def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-               batch_parts=None) -> LaunchPlan:
+               batch_parts=None, state_dtype=None) -> LaunchPlan:
     """The launch plan of a call with these arguments, checked as ssd_forward checks them (all
     but the values of A, D and dt_bias): the launchers run on stand-ins of its arrays, so the
     plan holds no array and reads no value."""
     backend, dims, dt_limit = _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias,
                                        initial_states, seq_idx, dt_limit, batch_parts)
+    states = state_dtype_name(state_dtype, x) or STATE_DTYPES[dtype_name(x)]
     given = {n: a for n, a in zip(INPUTS, (x, dt, A, B, C, D, z, dt_bias, initial_states,
                                            seq_idx)) if a is not None}
     narrow_copies, float32_copies, slots = [], [], {}
@@ -441,9 +460,12 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
         else:
             float32_copies += [name] if backend.contiguous_float32(a) is not a else []
             slots[name] = _Slot(name, tuple(int(s) for s in a.shape), "float32")
-    outputs = tuple((name, dims.shape(name)) for name in OUTPUTS)
-    for name, shape in outputs:
-        slots[name] = _Slot(name, shape, dtype_name(x) if name == "y" else "float32")
+    # y in x's dtype, the chunk states in `states`, the rest float32
+    outputs = tuple((name, dims.shape(name), name == "y" or (name == "chunk_states"
+                                                            and states != "float32"))
+                    for name in OUTPUTS)
+    for name, shape, like_x in outputs:
+        slots[name] = _Slot(name, shape, dtype_name(x) if like_x else "float32")
     arrays = ForwardArrays(*(slots.get(n) for n in FORWARD_INPUTS), dt_softplus, dt_limit,
                            *(slots[n] for n in OUTPUTS), errors=_Slot("errors", (1,), "int32"))
     table = tuning_table.table(backend)
@@ -454,23 +476,25 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
                         for kernel, grid, args in forward_launches(part.arrays, part.sm_count,
                                                                    tuned=table))
                   for part in forward_parts(arrays, backend.sm_count,
-                                            _parts(dims, backend, x, given, batch_parts)))
+                                            _parts(dims, backend, x, given, batch_parts,
+                                                   states)))
     needs = tuple(dict.fromkeys((name, rows) for part in parts for launch in part
                                 for _, name, rows in launch.arrays))
     # the outputs the launches write (the scan takes no chunk_states), y and final_states always
     needed = {name for name, _ in needs} | {"y", "final_states"}
-    outputs = tuple((name, shape) for name, shape in outputs if name in needed)
+    outputs = tuple(output for output in outputs if output[0] in needed)
     return LaunchPlan(backend, tuple(narrow_copies), tuple(float32_copies), outputs, parts,
                       needs)
 
 
-def _parts(dims, backend, x, given, batch_parts) -> int:
+def _parts(dims, backend, x, given, batch_parts, states: str) -> int:
     """The batch slices of a call: `batch_parts` where given, else rules_batch_parts' count
-    (`given`: the names of the arrays passed)."""
+    (`given`: the names of the arrays passed; `states`: the chunk states' dtype name)."""
     if batch_parts is None:
         optional = [n for n in ("z", "initial_states", "seq_idx") if n in given]
+        state_itemsize = 4 if states == "float32" else x.dtype.itemsize
         batch_parts = rules_batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
-                                        optional)
+                                        optional, state_itemsize)
     return min(batch_parts, dims.batch)
 
 
@@ -482,14 +506,14 @@ _PLANS_LOCK = threading.Lock()
 
 def launch_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                 seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-                batch_parts=None) -> LaunchPlan:
+                batch_parts=None, state_dtype=None) -> LaunchPlan:
     """build_plan's plan for these arguments, built once per signature (plan_key) and kept."""
     key = plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                   dt_softplus, dt_limit, batch_parts)
+                   dt_softplus, dt_limit, batch_parts, state_dtype)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         plan = build_plan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                          dt_softplus, dt_limit, batch_parts)
+                          dt_softplus, dt_limit, batch_parts, state_dtype)
         if key is not None:
             with _PLANS_LOCK:  # another thread's insert must not break the eviction
                 if len(_PLANS) >= MAX_PLANS:
@@ -499,12 +523,13 @@ def launch_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
 
 
 def plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
-             dt_limit, batch_parts) -> tuple | None:
+             dt_limit, batch_parts, state_dtype=None) -> tuple | None:
     """Everything build_plan reads, hashable: each array's type, shape, strides, dtype and
     device (the device fixes the SM count), chunk_size and batch_parts with their types (256 and
     numpy's 256 are told apart: a plan holds for arguments its checks passed), dt_softplus as
-    the launchers read it (bool), dt_limit (checked floats) and the tuned table's version; None
-    where an array is of no supported type (no plan is kept: build_plan refuses it)."""
+    the launchers read it (bool), dt_limit (checked floats), state_dtype (a dtype object by its
+    type and name) and the tuned table's version; None where an array is of no supported type
+    (no plan is kept: build_plan refuses it)."""
     arrays = []
     for a in (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx):
         if a is None:
@@ -517,8 +542,10 @@ def plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
         if describe is None:
             return None
         arrays.append((kind, describe(a)))
+    if not (state_dtype is None or isinstance(state_dtype, str)):  # a dtype object, by name
+        state_dtype = (type(state_dtype), str(state_dtype))
     return (tuple(arrays), type(chunk_size), chunk_size, bool(dt_softplus), tuple(dt_limit),
-            type(batch_parts), batch_parts, tuning_table.version())
+            type(batch_parts), batch_parts, state_dtype, tuning_table.version())
 
 
 def _describer(kind: type):

@@ -25,6 +25,7 @@ from kernels.compute_out import BLOCK_TS, OCCUPANCIES, RULES_BLOCK_T, RULES_OCCU
 from kernels.compute_out import compute_out_choices
 from kernels.fwd_pass_state import BLOCK_KS, BLOCK_NS, BLOCK_PS, MODES, PASS_BLOCKS
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
+from kernels.ssd_forward import STATE_DTYPES
 from kernels.ssd_scan import RULES_CHOICE as SCAN_RULES_CHOICE
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
@@ -161,18 +162,23 @@ class ForwardBounds:
 
 
 def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: float = 0.0,
-                   chunk_decay_factor: float = 1.0, operands: str = "tfloat32") -> ForwardBounds:
+                   chunk_decay_factor: float = 1.0, operands: str = "tfloat32",
+                   stored_states: bool | None = None) -> ForwardBounds:
     """Bounds of ssd_forward on `p` at `chunk_size` (default p's), from bounds.py.
 
     `extra_kappa` adds TF32 roundings on the way (a state handed from one call to the next);
     `chunk_decay_factor` scales Lambda, the largest in-chunk decay, for runs whose chunks start
     elsewhere than p's (a chunk of another run overlaps at most 2 of p's chunks: factor 2);
     `operands`: the products' operand format, the inputs' dtype for 16-bit inputs
-    (bounds.kappa; float16 adds bounds.float16_operand_floor).
+    (bounds.kappa; float16 adds bounds.float16_operand_floor); `stored_states`: the chunk
+    states stored in that 16-bit dtype (bounds.kappa), None: as ssd_forward stores them by
+    default (kernels.ssd_forward.STATE_DTYPES).
     """
     cs = chunk_size or p.chunk_size
     d = p.dims
     opts = p.options()
+    if stored_states is None:
+        stored_states = operands != "tfloat32" and STATE_DTYPES[operands] != "float32"
     A_weaker = np.asarray(p.A, np.float64) * (1.0 - DECAY_ETA)
     M = R.ssd_magnitude(p.x, p.dt, p.A, p.B, p.C, cs, **opts)
     M_w = R.ssd_magnitude(p.x, p.dt, A_weaker, p.B, p.C, cs, **opts)
@@ -189,8 +195,8 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     if operands == "float16":  # float16 operands below float16's normal range
         y16, final16 = float16_operand_floor(p.x, p.B, p.C, p.z, cs)
         y_floor, final_floor = floor + y16, floor + final16
-    k_y = kappa("forward", d.seqlen, cs, d.dstate, operands) + extra_kappa
-    k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate, operands) + extra_kappa
+    k_y = kappa("forward", d.seqlen, cs, d.dstate, operands, stored_states) + extra_kappa
+    k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate, operands, stored_states) + extra_kappa
     return ForwardBounds(M=M, final_M=final_M, kappa_y=k_y, kappa_final=k_s,
                          extra_y=decay_term(M, M_w, cs, lam) + y_floor,
                          extra_final=decay_term(final_M, final_M_w, cs, lam) + final_floor,
@@ -422,7 +428,9 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     each), with the rules' tiles and with small declared ones (FWD_PASS_STATE_TILES: several
     blocks of each dimension in small problems): chunk_states and final_states within
     kappa('fwd_pass_state') u M; and in bfloat16 (x, B rounded to it; the reference of their
-    values) at the rules' choice, within kappa of bfloat16 operands."""
+    values) at the rules' choice, within kappa of bfloat16 operands, and in each mode with the
+    chunk states stored in bfloat16 (state_dtype), within kappa of stored bfloat16 states
+    (chunk_states: plus their store's rounding, narrow_output_bound)."""
     d = p.dims
     dt_out, dA, _ = _exact_upstream(p)
     states_ref, final_ref = R.fwd_pass_state_ref(p.x, p.B, dt_out, dA, p.initial_states,
@@ -456,6 +464,22 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     for what, out, ref, M in zip(("chunk_states", "final_states"), outs, refs, mags):
         metrics.append(check_close(f"fwd_pass_state bf16 {what}", out, ref,
                                    tf32_bound(M, k) + floor, M, wide, floor=floor))
+    k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate, "bfloat16", stored_states=True)
+    for mode in MODES:  # the chunk states stored in bfloat16: the increments too, in parallel
+        states, final = _call(fwd_pass_state, _narrow_backend(backend), q.x, q.B, dt_out, dA,
+                              q.initial_states, q.seq_idx, choice=rules._replace(mode=mode),
+                              state_dtype="bfloat16")
+        if states.dtype != ml_dtypes.bfloat16:
+            raise AssertionError(f"state_dtype bfloat16 gave chunk_states {states.dtype}\n  "
+                                 f"{wide.describe()}")
+        bound = tf32_bound(mags[0], k) + floor
+        metrics += [check_close(f"fwd_pass_state ({mode}) bf16 stored chunk_states",
+                                states.astype(np.float64), refs[0],
+                                narrow_output_bound(refs[0], bound, "bfloat16"), mags[0], wide,
+                                floor=floor),
+                    check_close(f"fwd_pass_state ({mode}) bf16 stored final_states", final,
+                                refs[1], tf32_bound(mags[1], k) + floor, mags[1], wide,
+                                floor=floor)]
     return _merge(*metrics)
 
 
@@ -484,7 +508,8 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
     the rules or a tuned table may launch), at the occupancy hint the example draws and its token
     block (compute_out_alone_choices): y within kappa('compute_out') u M; and in bfloat16 (x, B,
     C, z rounded to it; the reference of their values) at the rules' choice, y (bfloat16) within
-    narrow_output_bound of kappa of bfloat16 operands."""
+    narrow_output_bound of kappa of bfloat16 operands, and bit-identical from the chunk states
+    in bfloat16."""
     d = p.dims
     dt_out, dA, states = _exact_upstream(p)
     args = (p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx)
@@ -517,6 +542,11 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
     metrics.append(check_close("compute_out bf16 y", y.astype(np.float64), y_ref,
                                narrow_output_bound(y_ref, bound + floor, "bfloat16"), M, wide,
                                floor=floor))
+    # chunk states stored in bfloat16 (state_dtype) are the state operand compute_out rounds
+    # float32 ones to (nearest even): the same y, bit for bit
+    y16 = _call(compute_out, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA,
+                states.astype(ml_dtypes.bfloat16), q.D, q.z, q.seq_idx)
+    check_identical("compute_out bf16 y of bfloat16 chunk states", y16, y, wide)
     return _merge(*metrics)
 
 

@@ -242,6 +242,18 @@ CATALOGUE = [
            "if _largest_computed(a, b) < FLOAT16_MAX:",
            "if _largest_computed(a, b) < math.inf:",
            "a float16 product rounds a computed operand past float16's range (to inf)"),
+    Mutant("chunk_state_stored_in_8_bits", "kernels/fwd_pass_state.py",
+           "ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)).astype(\n"
+           "                         chunk_states.dtype))",
+           "ct.bitcast(ct.bitcast(ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)), "
+           "ct.int32) & -1048576, ct.float32).astype(chunk_states.dtype))",
+           "the chunk states are stored narrower than state_dtype (3 mantissa bits, an 8-bit "
+           "float's)"),
+    Mutant("state_pass_stored_in_8_bits", "kernels/fwd_pass_state.py",
+           "ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)).astype(chunk_states.dtype))",
+           "ct.bitcast(ct.bitcast(ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)), ct.int32) "
+           "& -1048576, ct.float32).astype(chunk_states.dtype))",
+           "the pass stores the chunk states narrower than state_dtype (chunks in parallel)"),
     Mutant("decay_exponent_in_16_bits", "kernels/compute_out.py",
            "LT = ct.where(keep, ct.exp2(ct.minimum(a_ts[i_k] - a_s, 0.0)), 0.0)",
            "LT = ct.where(keep, ct.exp2(ct.minimum((a_ts[i_k] - a_s).astype(ct.bfloat16)"

@@ -458,6 +458,7 @@ class Signature:
     dt_limit: tuple[float, float]
     batch_parts: int | None
     strided: frozenset = frozenset()
+    states: str | None = None  # state_dtype: None, 'float32' or 'input' (x's dtype)
 
     def arguments(self, xp=np) -> dict:
         """ssd_forward's keyword arguments of this signature, as arrays of module `xp` (values
@@ -483,7 +484,8 @@ class Signature:
             seq_idx=(xp.asarray(np.repeat(np.arange(2, dtype=np.int32)[None],
                                           d.batch, 0).repeat(-(-d.seqlen // 2), 1)[:, :d.seqlen])
                      if self.seq_idx else None),
-            dt_softplus=self.dt_softplus, dt_limit=self.dt_limit, batch_parts=self.batch_parts)
+            dt_softplus=self.dt_softplus, dt_limit=self.dt_limit, batch_parts=self.batch_parts,
+            state_dtype=self.dtype if self.states == "input" else self.states)
 
 
 STRIDABLE = ("x", "dt", "B", "C", "z", "initial_states")
@@ -500,11 +502,13 @@ def _signature(draw) -> Signature:
                      draw(st.booleans()), draw(st.booleans()), draw(st.booleans()),
                      draw(st.booleans()), draw(st.sampled_from(DT_LIMITS)),
                      draw(st.sampled_from(BATCH_PARTS)),
-                     frozenset(draw(st.lists(st.sampled_from(STRIDABLE), max_size=2))))
+                     frozenset(draw(st.lists(st.sampled_from(STRIDABLE), max_size=2))),
+                     draw(st.sampled_from(STATES)))
 
 
 CHUNK_SIZES = (16, 32, 64, 128, 256)
 BATCH_PARTS = (None, 1, 2, 3)
+STATES = (None, "float32", "input")
 
 
 def _other(values, current):
@@ -533,6 +537,7 @@ def _mutations(s: Signature) -> list:
                   _other(BATCH_PARTS, s.batch_parts)),
         st.builds(lambda name: dataclasses.replace(s, strided=s.strided ^ {name}),
                   st.sampled_from(STRIDABLE)),
+        st.builds(lambda v: dataclasses.replace(s, states=v), _other(STATES, s.states)),
     ]
 
 

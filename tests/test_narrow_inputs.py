@@ -13,6 +13,8 @@ import pytest
 
 import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
+from kernels.fwd_pass_state import MODES
+from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from properties.bounds import narrow_output_bound
 from properties.checks import check_close, forward_bounds
 from properties.strategies import Problem
@@ -188,3 +190,56 @@ def test_float16_products_past_float16_range_stay_within_bound(regime, backend):
                 floor=np.asarray(b.y_floor)[:1])
     check_close(f"{regime}: packed state", states, final_ref[:1], final_bound[:1],
                 b.final_M[:1], p, floor=np.asarray(b.final_floor)[:1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_chunk_states_within_bound(dtype, backend):
+    """state_dtype of the inputs' 16-bit dtype: fwd_pass_state in each mode stores its chunk
+    states in it, and with compute_out composes to a y within the forward's bound of stored
+    16-bit states; so does ssd_forward (three kernels on the GPU's small grid; the interpreter's
+    forward is the scan, which keeps no chunk states)."""
+    if backend == "gpu" and dtype == "bfloat16":  # CuPy has no bfloat16
+        pytest.importorskip("torch")
+        backend = "torch"
+    narrow_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float16)
+    kw = narrow(make_inputs(BY_ID["headdim_100_dstate_200_chunk128"]),
+                lambda a: a.astype(narrow_dtype))
+    y_ref, final_ref, _, _, _, p = expected(kw, dtype)
+    b = forward_bounds(p, operands=dtype, stored_states=True)
+    y_bound = narrow_output_bound(y_ref, b.y, dtype)
+    on = on_backend(backend, kw)
+    dt_out, dA_cumsum = chunk_cumsum(on["dt"], on["A"], kw["chunk_size"], **step_options(on))
+    for mode in MODES:
+        choice = fwd_pass_state_rules(1, 2, 100, 200, 128, 1)._replace(mode=mode)
+        states, final = fwd_pass_state(on["x"], on["B"], dt_out, dA_cumsum, on["initial_states"],
+                                       on["seq_idx"], choice=choice, state_dtype=dtype)
+        final = to_numpy(final)
+        assert to_numpy(states).dtype == narrow_dtype and final.dtype == np.float32
+        y = compute_out(on["x"], on["B"], on["C"], dt_out, dA_cumsum, states,
+                        seq_idx=on["seq_idx"])
+        check_close(f"{mode}: y", to_numpy(y).astype(np.float64), y_ref, y_bound, b.M, p,
+                    floor=b.y_floor)
+        check_close(f"{mode}: final_states", final, final_ref, b.final, b.final_M, p,
+                    floor=b.final_floor)
+    y, final = (to_numpy(a) for a in ssd_forward(**on, return_final_states=True,
+                                                   state_dtype=narrow_dtype))
+    check_close("forward y", y.astype(np.float64), y_ref, y_bound, b.M, p, floor=b.y_floor)
+    check_close("forward final_states", final, final_ref, b.final, b.final_M, p,
+                floor=b.final_floor)
+
+
+@pytest.mark.parametrize("state_dtype, error, match", [
+    pytest.param("bfloat16", ValueError, r"state_dtype: must be one of \('float32',\)",
+                 id="16_bit_states_of_float32_inputs"),
+    pytest.param("float64", ValueError, r"state_dtype: must be one of", id="float64"),
+    pytest.param(3, TypeError, "state_dtype: must be a dtype", id="not_a_dtype"),
+])
+def test_state_dtype_refused_by_name(state_dtype, error, match):
+    kw = make_inputs(BY_ID["all_options_chunk16"])
+    with pytest.raises(error, match=match):
+        ssd_forward(**kw, state_dtype=state_dtype)
+    row = {k: v[:1] for k, v in kw.items() if k in ("x", "dt", "B", "C")}
+    with pytest.raises(error, match=match):  # the packed path checks it too (and keeps none)
+        ssd_forward(**row, A=kw["A"], chunk_size=16, cu_seqlens=np.array([0, 16], np.int32),
+                    state_dtype=state_dtype)
