@@ -45,8 +45,8 @@ CHUNK_SIZES = (16, 32, 64, 128, 256)
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 # The dtypes the kernels read the activations x, B, C, z in (the four of one call alike); every
-# other float input is float32, and so are the states, but for the chunk states, which are
-# stored in float32 or in the activations' dtype (state_dtype_name).
+# other float input is float32, and so are the states, but for the chunk states, which may be
+# stored in bfloat16 for bfloat16 activations (state_dtype_name).
 ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -87,9 +87,9 @@ def dtype_name(a) -> str:
 
 def state_dtype_name(state_dtype, x) -> str | None:
     """ssd_forward's `state_dtype` (the dtype of the chunk states between the kernels) as a
-    dtype name: None stays None (the forward's default); else float32 or x's dtype, given by
-    name or as a NumPy, ml_dtypes or torch dtype (a TypeError or ValueError naming it
-    otherwise)."""
+    dtype name: None stays None (the forward's default); else float32, or bfloat16 where x is
+    bfloat16, given by name or as a NumPy, ml_dtypes or torch dtype (a TypeError or ValueError
+    naming it otherwise)."""
     if state_dtype is None:
         return None
     if isinstance(state_dtype, str):
@@ -102,10 +102,11 @@ def state_dtype_name(state_dtype, x) -> str | None:
         except TypeError:
             raise TypeError(f"state_dtype: must be a dtype or a dtype's name, got "
                             f"{state_dtype!r}") from None
-    allowed = tuple(dict.fromkeys(("float32", dtype_name(x))))
+    allowed = ("float32", "bfloat16") if dtype_name(x) == "bfloat16" else ("float32",)
     if name not in allowed:
-        raise ValueError(f"state_dtype: must be one of {allowed} (float32 or x's dtype), got "
-                         f"{name}")
+        raise ValueError(f"state_dtype: must be one of {allowed} (float32, or bfloat16 for "
+                         f"bfloat16 inputs: float16 states would overflow past 65504 where "
+                         f"float32 holds them), got {name}")
     return name
 
 
@@ -377,8 +378,9 @@ def check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, *, D=None, 
     _expect("chunk_states", chunk_states, dims.shape("chunk_states"))
     if activation_dtypes is None:
         _float("chunk_states", chunk_states, float_dtypes)
-    else:  # the kernels: float32, or x's 16-bit dtype (ssd_forward's state_dtype)
-        _float("chunk_states", chunk_states, tuple(dict.fromkeys((*float_dtypes, dtype_name(x)))))
+    else:  # the kernels: float32, or bfloat16 for bfloat16 inputs (ssd_forward's state_dtype)
+        _float("chunk_states", chunk_states,
+               (*float_dtypes, "bfloat16") if dtype_name(x) == "bfloat16" else float_dtypes)
     _check_D_z(D, z, dims, float_dtypes, x, activation_dtypes)
     if seq_idx is not None:
         check_seq_idx(seq_idx, dims.batch, dims.seqlen)

@@ -125,7 +125,8 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         i_h = i_hb * HEADS + i_k
         a_t = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc), shape=(1, 1, 1, BLOCK_T)),
                          (1, BLOCK_T))
-        # chunk_states' dtype: float32, or the inputs' 16-bit one (then the operand as it is)
+        # chunk_states' dtype: float32, or bfloat16 for bfloat16 inputs (then the operand as
+        # it is)
         S = ct.load(chunk_states, (i_b, i_c, i_h, i_p, 0), shape=(1, 1, 1, BLOCK_P, DSTATE),
                     padding_mode=ct.PaddingMode.ZERO)
         # [BLOCK_P, BLOCK_T]
@@ -469,7 +470,8 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
                 check_values=None, choice: Choice | None = None):
     """y, (batch, seqlen, nheads, headdim) in x's dtype, of the caller's array type:
     carried-state term + (C B^T o L)(dt x) + D x, then the z gate. x, B, C, z: float32, bfloat16
-    or float16, all alike; chunk_states float32 or x's dtype (read as it is); the rest float32.
+    or float16, all alike; chunk_states float32, or bfloat16 for bfloat16 inputs (read as it
+    is); the rest float32.
     `check_values`: as in ssd_forward (a channel with a
     D that is not finite gets NaN).
     `choice`: the Choice to launch (one of compute_out_choices for these arrays, else a

@@ -104,7 +104,7 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
         S = ct.zeros((BLOCK_N, BLOCK_P), dtype=ct.float32)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
     for i_c in range(i_c_first, i_c_end):
-        if not PARALLEL_CHUNKS:  # stored in chunk_states' dtype (float32 or 16-bit)
+        if not PARALLEL_CHUNKS:  # stored in chunk_states' dtype (float32 or bfloat16)
             ct.store(chunk_states, (i_b, i_c, i_h, i_p, i_n),
                      ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)).astype(
                          chunk_states.dtype))
@@ -175,7 +175,7 @@ def _state_pass_kernel(initial_states: ct.IndexedWithInt64, seg: ct.IndexedWithI
         S = ct.zeros((BLOCK_P, BLOCK_N), dtype=ct.float32)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
     for i_c in range(dA_cumsum.shape[2]):
-        # chunk_states in float32 or 16 bits: the increment widened (exact), the state carried
+        # chunk_states in float32 or bfloat16: the increment widened (exact), the state carried
         # in float32 and stored rounded to chunk_states' dtype
         increment = ct.load(chunk_states, (i_b, i_c, i_h, i_p, i_n),
                             shape=(1, 1, 1, BLOCK_P, BLOCK_N),
@@ -280,11 +280,11 @@ def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_
 def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None, *,
                    choice: Choice | None = None, state_dtype=None):
     """(chunk_states, final_states) of the caller's array type: the state entering every chunk,
-    (batch, nchunks, nheads, headdim, dstate), in `state_dtype` (float32 or x's dtype, as
-    ssd_forward takes it; None: float32), and the state after the last token, (batch, nheads,
-    headdim, dstate), float32. x and B: float32, bfloat16 or float16, alike. `choice`: the
-    Choice to launch (one of CHOICES, else a ValueError before any launch) instead of the
-    rules' for this device."""
+    (batch, nchunks, nheads, headdim, dstate), in `state_dtype` (float32, or bfloat16 for
+    bfloat16 inputs, as ssd_forward takes it; None: float32), and the state after the last
+    token, (batch, nheads, headdim, dstate), float32. x and B: float32, bfloat16 or float16,
+    alike. `choice`: the Choice to launch (one of CHOICES, else a ValueError before any launch)
+    instead of the rules' for this device."""
     backend = backend_of(x=x, B=B, dt_out=dt_out, dA_cumsum=dA_cumsum,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, initial_states=initial_states,

@@ -36,8 +36,10 @@ BATCH_PARTS = 2
 SPLIT_MIN_WAVES = 2
 
 # The dtype the chunk states are stored in between fwd_pass_state and compute_out where the call
-# leaves state_dtype None, by the activations' dtype (DECISIONS.md "Chunk states' dtype").
-STATE_DTYPES = {"float32": "float32", "bfloat16": "float32", "float16": "float32"}
+# leaves state_dtype None, by the activations' dtype: bfloat16 for bfloat16 (half the states'
+# traffic), float32 else (float16 states would overflow past 65504); DECISIONS.md "Chunk
+# states' dtype".
+STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
 
 
 @dataclass(frozen=True)
@@ -140,10 +142,11 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     per element) instead of the rule's count; 1 never splits.
 
     `state_dtype` (keyword only; mamba_ssm's name): the dtype the chunk states are stored in
-    between fwd_pass_state and compute_out, float32 or x's dtype, by name or as a NumPy,
-    ml_dtypes or torch dtype; None: STATE_DTYPES' for x's dtype. 16-bit states add one rounding
-    to the carried state's path (properties/bounds.py); the scan and the packed path keep their
-    state in float32 registers, and final_states is float32 always.
+    between fwd_pass_state and compute_out, float32, or bfloat16 for bfloat16 inputs (float16
+    states would overflow past 65504), by name or as a NumPy, ml_dtypes or torch dtype; None:
+    STATE_DTYPES' for x's dtype. bfloat16 states add one rounding to the carried state's path
+    (properties/bounds.py); the scan and the packed path keep their state in float32
+    registers, and final_states is float32 always.
 
     The values of A, D and dt_bias (A < 0, all finite) are checked on the device, by
     chunk_cumsum (kernels.errors): a bad value makes every output it feeds NaN and is raised as a

@@ -115,8 +115,8 @@ def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int,
           operands: str = "tfloat32", stored_states: bool = False) -> float:
     """kappa of `stage` ('forward', 'compute_out', 'fwd_pass_state') at these sizes, in units
     of U_TF32, for products of `operands` ('tfloat32': float32 inputs; 'bfloat16' or 'float16':
-    16-bit inputs, see "16-bit products" below); `stored_states`: the chunk states stored in the
-    operands' 16-bit dtype (ssd_forward's state_dtype; "16-bit chunk states" below)."""
+    16-bit inputs, see "16-bit products" below); `stored_states`: the chunk states stored in
+    bfloat16 (ssd_forward's state_dtype; "bfloat16 chunk states" below)."""
     n = accumulation_length(seqlen, chunk_size, dstate)
     fp32 = (ACCUMULATION_U32 * n + FP32_FIXED) * U_FP32 / U_TF32
     if operands == "tfloat32":
@@ -153,12 +153,12 @@ NARROW_ROUNDINGS = {"fwd_pass_state": 1, "compute_out": 1, "forward": 2}
 # unit roundoff of a 16-bit value: bfloat16 keeps 7 explicit mantissa bits, float16 10
 U_NARROW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 
-# 16-bit chunk states (state_dtype of the inputs' 16-bit dtype, on the three-kernel path): the
-# derivation
+# bfloat16 chunk states (state_dtype bfloat16 for bfloat16 inputs, on the three-kernel path):
+# the derivation
 # ------------------------------------------------------------------------------------------
 # fwd_pass_state in order carries its state in fp32 registers and stores each chunk's entering
-# state rounded to 16 bits; compute_out reads it as its state operand, which it would round to
-# the same dtype anyway: the store's rounding is S's operand rounding, counted above, and y is
+# state rounded to bfloat16; compute_out reads it as its state operand, which it would round to
+# bfloat16 anyway: the store's rounding is S's operand rounding, counted above, and y is
 # bit-identical to that of float32 chunk states. With the chunks in parallel, each chunk's
 # increment is stored rounded too before the pass adds it to the carried fp32 state: one more
 # rounding of every term on the carried path, so the forward's and the final state's count

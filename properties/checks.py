@@ -171,8 +171,8 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     elsewhere than p's (a chunk of another run overlaps at most 2 of p's chunks: factor 2);
     `operands`: the products' operand format, the inputs' dtype for 16-bit inputs
     (bounds.kappa; float16 adds bounds.float16_operand_floor); `stored_states`: the chunk
-    states stored in that 16-bit dtype (bounds.kappa), None: as ssd_forward stores them by
-    default (kernels.ssd_forward.STATE_DTYPES).
+    states stored in bfloat16 (bounds.kappa), None: as ssd_forward stores them by default
+    (kernels.ssd_forward.STATE_DTYPES).
     """
     cs = chunk_size or p.chunk_size
     d = p.dims

@@ -458,7 +458,7 @@ class Signature:
     dt_limit: tuple[float, float]
     batch_parts: int | None
     strided: frozenset = frozenset()
-    states: str | None = None  # state_dtype: None, 'float32' or 'input' (x's dtype)
+    states: str | None = None  # state_dtype (float32 and float16 inputs: None or 'float32')
 
     def arguments(self, xp=np) -> dict:
         """ssd_forward's keyword arguments of this signature, as arrays of module `xp` (values
@@ -485,7 +485,7 @@ class Signature:
                                           d.batch, 0).repeat(-(-d.seqlen // 2), 1)[:, :d.seqlen])
                      if self.seq_idx else None),
             dt_softplus=self.dt_softplus, dt_limit=self.dt_limit, batch_parts=self.batch_parts,
-            state_dtype=self.dtype if self.states == "input" else self.states)
+            state_dtype=self.states)
 
 
 STRIDABLE = ("x", "dt", "B", "C", "z", "initial_states")
@@ -508,7 +508,7 @@ def _signature(draw) -> Signature:
 
 CHUNK_SIZES = (16, 32, 64, 128, 256)
 BATCH_PARTS = (None, 1, 2, 3)
-STATES = (None, "float32", "input")
+STATES = (None, "float32")
 
 
 def _other(values, current):

@@ -32,7 +32,8 @@ from contract import Dims
 from kernels.arrays import index_dtype, needs_int64
 from kernels.compute_out import Choice as OutChoice
 from kernels.compute_out import compute_out_launch
-from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts, varlen_launches
+from kernels.ssd_forward import (STATE_DTYPES, ForwardArrays, forward_plan, rules_batch_parts,
+                                 varlen_launches)
 from kernels.ssd_scan import Choice as ScanChoice
 from kernels.ssd_scan import ssd_scan_launch
 
@@ -95,12 +96,13 @@ CONFIGS = [
     # dstate 256 at chunk 256: the two kernels where the scan runs elsewhere (one SM), so
     # fwd_pass_state runs in order in 128-token products (its two-per-SM object)
     ("dstate_256_chunk256", Dims(2, 1000, 8, 64, 1, 256, 256), dict(D="head")),
-    # chunk states stored in the inputs' 16-bit dtype (ssd_forward's state_dtype): fwd_pass_state
-    # in order (dstate 256 at one SM) and with its chunks in parallel, the pass and compute_out
-    ("dstate_256_chunk256_bf16_states", Dims(2, 1000, 8, 64, 1, 256, 256),
-     dict(ALL_OPTIONS, dtype="bfloat16", narrow_states=True)),
-    ("all_options_chunk256_fp16_states", Dims(2, 1000, 8, 64, 2, 128, 256),
-     dict(ALL_OPTIONS, dtype="float16", narrow_states=True)),
+    # bfloat16 inputs with float32 chunk states (state_dtype float32; by default bfloat16 inputs
+    # store them in bfloat16): fwd_pass_state in order (dstate 256 at one SM) and with its
+    # chunks in parallel, the pass and compute_out
+    ("dstate_256_chunk256_bf16_float32_states", Dims(2, 1000, 8, 64, 1, 256, 256),
+     dict(ALL_OPTIONS, dtype="bfloat16", states="float32")),
+    ("all_options_chunk256_bf16_float32_states", Dims(2, 1000, 8, 64, 2, 128, 256),
+     dict(ALL_OPTIONS, dtype="bfloat16", states="float32")),
     # 2^31 elements in dt (2^37 in x): the int64-indexed kernel objects, every option off (in
     # float16) and on, at chunk 256 and at chunk 64 (fwd_pass_state's other object)
     ("int64_chunk256_fp16", Dims(1, 2**24, 128, 64, 1, 128, 256), dict(dtype="float16")),
@@ -157,7 +159,7 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
     dtype = opts.get("dtype", "float32")
     parts = rules_batch_parts(dims, "cupy", ITEMSIZE[dtype], sm_count,
                               [name for name, on in optional.items() if on],
-                              ITEMSIZE[dtype] if opts.get("narrow_states") else 4) if split else 1
+                              ITEMSIZE[opts.get("states", STATE_DTYPES[dtype])]) if split else 1
     plans = forward_plan(arrays, sm_count, 1) + (
         forward_plan(arrays, sm_count, parts) if parts > 1 else [])
     if alone:
@@ -173,11 +175,12 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
 
 def stand_in_arrays(dims: Dims, opts: dict) -> ForwardArrays:
     """ssd_forward's arrays for these dimensions and options, as stand-ins: x, B, C, z and y in
-    the options' "dtype" (default float32), and so the chunk states with "narrow_states"; every
-    other one float32."""
+    the options' "dtype" (default float32), the chunk states in its "states" (default
+    ssd_forward's for that dtype, STATE_DTYPES), every other one float32."""
     dtype = opts.get("dtype", "float32")
-    narrow = NARROW + (("chunk_states",) if opts.get("narrow_states") else ())
-    a = lambda name: ArraySpec(dims.shape(name), dtype if name in narrow else "float32")
+    states = opts.get("states", STATE_DTYPES[dtype])
+    a = lambda name: ArraySpec(dims.shape(name), dtype if name in NARROW else states
+                               if name == "chunk_states" else "float32")
     return ForwardArrays(
         a("x"), a("dt"), a("A"), a("B"), a("C"),
         {"head": ArraySpec((dims.nheads,)), "channel": a("D")}.get(opts.get("D")),

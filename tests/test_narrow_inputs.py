@@ -193,16 +193,15 @@ def test_float16_products_past_float16_range_stay_within_bound(regime, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_16_bit_chunk_states_within_bound(dtype, backend):
-    """state_dtype of the inputs' 16-bit dtype: fwd_pass_state in each mode stores its chunk
+def test_bfloat16_chunk_states_within_bound(backend):
+    """state_dtype bfloat16 (bfloat16 inputs): fwd_pass_state in each mode stores its chunk
     states in it, and with compute_out composes to a y within the forward's bound of stored
-    16-bit states; so does ssd_forward (three kernels on the GPU's small grid; the interpreter's
-    forward is the scan, which keeps no chunk states)."""
-    if backend == "gpu" and dtype == "bfloat16":  # CuPy has no bfloat16
+    bfloat16 states; so does ssd_forward (three kernels on the GPU's small grid; the
+    interpreter's forward is the scan, which keeps no chunk states)."""
+    if backend == "gpu":  # CuPy has no bfloat16
         pytest.importorskip("torch")
         backend = "torch"
-    narrow_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float16)
+    dtype, narrow_dtype = "bfloat16", np.dtype(ml_dtypes.bfloat16)
     kw = narrow(make_inputs(BY_ID["headdim_100_dstate_200_chunk128"]),
                 lambda a: a.astype(narrow_dtype))
     y_ref, final_ref, _, _, _, p = expected(kw, dtype)
@@ -229,14 +228,18 @@ def test_16_bit_chunk_states_within_bound(dtype, backend):
                 floor=b.final_floor)
 
 
-@pytest.mark.parametrize("state_dtype, error, match", [
-    pytest.param("bfloat16", ValueError, r"state_dtype: must be one of \('float32',\)",
-                 id="16_bit_states_of_float32_inputs"),
-    pytest.param("float64", ValueError, r"state_dtype: must be one of", id="float64"),
-    pytest.param(3, TypeError, "state_dtype: must be a dtype", id="not_a_dtype"),
+@pytest.mark.parametrize("dtype, state_dtype, error, match", [
+    pytest.param("float32", "bfloat16", ValueError, r"state_dtype: must be one of \('float32',\)",
+                 id="bfloat16_states_of_float32_inputs"),
+    pytest.param("float16", np.float16, ValueError, r"state_dtype: .*would overflow past 65504",
+                 id="float16_states"),
+    pytest.param("bfloat16", "float64", ValueError, r"state_dtype: must be one of \('float32', "
+                 r"'bfloat16'\)", id="float64"),
+    pytest.param("float32", 3, TypeError, "state_dtype: must be a dtype", id="not_a_dtype"),
 ])
-def test_state_dtype_refused_by_name(state_dtype, error, match):
-    kw = make_inputs(BY_ID["all_options_chunk16"])
+def test_state_dtype_refused_by_name(dtype, state_dtype, error, match):
+    kw = narrow(make_inputs(BY_ID["all_options_chunk16"]),
+                lambda a: a.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype))
     with pytest.raises(error, match=match):
         ssd_forward(**kw, state_dtype=state_dtype)
     row = {k: v[:1] for k, v in kw.items() if k in ("x", "dt", "B", "C")}
