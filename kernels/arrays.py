@@ -380,17 +380,21 @@ def head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
     return skip
 
 
-def checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D):
+def checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
     """head_D's skip weights, NaN where one is not finite (NaN fails the comparison too), so
-    that every y it feeds is NaN (NaN x 0 is NaN, where inf x 0 would be NaN and inf x 1 inf).
-    With CHECK_D, ERROR_D is OR-ed into errors[0] where one is not finite (only by a program
-    that has one: index 1 is out of bounds); without, the call checks D elsewhere
-    (ssd_forward: in chunk_cumsum, where the atomic costs no time)."""
+    that every y it feeds is NaN (NaN x 0 is NaN, where inf x 0 would be NaN and inf x 1 inf)."""
     skip = head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM)
-    finite = ct.abs(skip) < math.inf
+    return ct.where(ct.abs(skip) < math.inf, skip, math.nan)
+
+
+def report_D(errors, skip, CHECK_D):
+    """With CHECK_D, ERROR_D OR-ed into errors[0] where a skip weight checked_D gave is NaN: its
+    D is not finite (only by a program that has one: index 1 is out of bounds). A program calls
+    it after its loop, so that the check holds no registers through it (at its start it made
+    the program per chunk spill). Without CHECK_D the call checks D elsewhere (ssd_forward: in
+    chunk_cumsum, where the atomic costs no time)."""
     if CHECK_D:
-        or_error(errors, ct.max(ct.where(finite, 0, ERROR_D)))
-    return ct.where(finite, skip, math.nan)
+        or_error(errors, ct.max(ct.where(skip == skip, 0, ERROR_D)))
 
 
 def or_error(errors, flags):

@@ -18,7 +18,8 @@ import cuda.tile as ct
 from contract import ACTIVATION_DTYPES, check_compute_out_args, check_vector_values, dtype_name
 from kernels import tuning_table
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
-                           mma_operand, mma_product, needs_int64, pow2_tile, z_gated)
+                           mma_operand, mma_product, needs_int64, pow2_tile, report_D,
+                           z_gated)
 from kernels.errors import check_on_host, open_word
 
 # Program layouts. "token_blocks" (_compute_out_kernel): a program per token block, looping over
@@ -95,8 +96,7 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     skips = ()
     for i_k in ct.static_iter(range(HEADS)):
         if HAS_D:
-            skips += (checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors,
-                                 CHECK_D),)
+            skips += (checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM),)
 
     # Each head accumulates y^T, [BLOCK_P, BLOCK_T]: its products take the state, B_s or x
     # (transposed) as their first operand and C^T, or the computed (C B^T o L)^T, as second
@@ -186,6 +186,8 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
         # (one rounding of the float32 result for narrow inputs)
         yt = ct.transpose(acc)  # [BLOCK_T, BLOCK_P]
         ct.store(y, (i_b, i_t, i_h, i_p), ct.reshape(yt, (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
+        if HAS_D:
+            report_D(errors, skips[i_k], CHECK_D)
 
 
 def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
@@ -230,8 +232,7 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
     skips = ()  # each head's skip weights (NaN where not finite), read once per program
     for i_k in ct.static_iter(range(HEADS)):
         if HAS_D:
-            skips += (checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM, errors,
-                                 CHECK_D),)
+            skips += (checked_D(D, i_hb * HEADS + i_k, i_p, BLOCK_P, D_PER_HEADDIM),)
     rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
     causal = rows <= cols  # causal: s <= t
@@ -291,6 +292,9 @@ def _compute_out_chunk_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
         if T_PER_CHUNK > 1:
             states = new_states
             a_befores = new_a_befores
+    for i_k in ct.static_iter(range(HEADS)):
+        if HAS_D:
+            report_D(errors, skips[i_k], CHECK_D)
 
 
 # The kernel objects: int32 or int64 indices (kernels.arrays.needs_int64; DECISIONS.md "Index

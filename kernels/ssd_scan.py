@@ -17,7 +17,8 @@ import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_ssd_scan_args, check_vector_values, dtype_name
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
-                           mma_operand, mma_product, needs_int64, pow2_tile, z_gated)
+                           mma_operand, mma_product, needs_int64, pow2_tile, report_D,
+                           z_gated)
 from kernels.errors import check_on_host, open_word
 
 HEADS = (1, 2)  # heads of one group per program: C B^T, which they share, is formed once
@@ -105,7 +106,7 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
         states += (S,)
         a_befores += (ct.zeros((1, 1), dtype=ct.float32),)  # [1, 1]
         if HAS_D:
-            skips += (checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, CHECK_D),)
+            skips += (checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM),)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
     rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
@@ -184,6 +185,8 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
     for i_k in ct.static_iter(range(HEADS)):
         ct.store(final_states, (i_b, i_hb * HEADS + i_k, i_p, 0),
                  ct.reshape(states[i_k], (1, 1, BLOCK_P, DSTATE)))
+        if HAS_D:
+            report_D(errors, skips[i_k], CHECK_D)
 
 
 def _hints(occupancy: int, warps: int | None) -> dict:

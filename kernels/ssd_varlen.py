@@ -66,7 +66,7 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
     else:
         S = ct.zeros((BLOCK_P, DSTATE), dtype=ct.float32)
     if HAS_D:  # a D that is not finite makes its y NaN; chunk_cumsum reports it
-        skip = checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM, errors, False)
+        skip = checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM)
     a_h = ct.reshape(ct.load(A, (i_h,), shape=(1,)), (1, 1)) * LOG2E  # [1, 1], log2 units
     p_col = ct.reshape(i_p * BLOCK_P + ct.arange(BLOCK_P, dtype=ct.int32), (1, BLOCK_P))
     n_col = ct.reshape(ct.arange(DSTATE, dtype=ct.int32), (1, DSTATE))

@@ -1,0 +1,142 @@
+"""16-bit inputs on the GPU, in one process: the chunk states' dtype, and float16's products.
+
+    python -m benchmarks.narrow states [--reps 15]
+    python -m benchmarks.narrow products [--products guarded|tf32|unguarded] [--reps 15]
+
+`states`: ssd_forward on bfloat16 inputs with state_dtype float32 and bfloat16, alternating, three
+rounds each, on shapes whose forward runs the three kernels (a grid too small for the scan: few
+heads, batch 1 or 2), and how far y and final_states move between the two.
+`products`: ssd_forward on float16 inputs over the anchor rows and two three-kernel shapes.
+`--products` chooses how float16 inputs multiply: `guarded` (the product: float16 operands, TF32
+where a computed operand passes 65504), `tf32` (every operand TF32) or `unguarded` (float16
+operands always; wrong past 65504, timed as the floor of the guard's cost). A kernel compiles
+once per process, so a process times one variant: run it once per variant, in turn, twice.
+Timing: benchmarks.peers.gpu_ms (L2 flushed, median of --reps rounds, ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import cuda.tile as ct
+
+# shapes whose bfloat16 forward runs chunk_cumsum, fwd_pass_state and compute_out on an H200
+THREE_KERNEL_ROWS = {
+    "b1_16k_h24": (1, 16384, 24, 64, 128, 1, 256),
+    "b2_4k_h8_c128": (2, 4096, 8, 64, 128, 1, 128),
+    "b1_16k_h32_c64": (1, 16384, 32, 64, 128, 1, 64),
+    "b1_8k_h16": (1, 8192, 16, 64, 128, 1, 256),
+    "b2_8k_h8_n64_c128": (2, 8192, 8, 64, 64, 1, 128),
+    "b1_32k_h24": (1, 32768, 24, 64, 128, 1, 256),
+}
+
+
+def _forward(config, dtype: str, **kw):
+    """A call of ssd_forward on a row's inputs (x, B, C in `dtype`, D per head, final states)."""
+    import torch
+
+    import kernels
+    from benchmarks.configs import row_inputs
+    a = {k: torch.from_dlpack(v) for k, v in row_inputs(config).items()}
+    for k in ("x", "B", "C"):
+        a[k] = a[k].to(getattr(torch, dtype))
+    args = (a["x"], a["dt"], a["A"], a["B"], a["C"], config[-1])
+    return lambda: kernels.ssd_forward(*args, D=a["D"], return_final_states=True, **kw)
+
+
+def states(reps: int):
+    import torch
+
+    from benchmarks.peers import gpu_ms
+    for name, config in THREE_KERNEL_ROWS.items():
+        wide = _forward(config, "bfloat16", state_dtype="float32")
+        narrow = _forward(config, "bfloat16", state_dtype="bfloat16")
+        y0, s0 = (t.clone() for t in wide())
+        y1, s1 = narrow()
+        torch.cuda.synchronize()
+        dy = ((y1.float() - y0.float()).abs().max() / y0.float().abs().max()).item()
+        ds = ((s1 - s0).abs().max() / s0.abs().max()).item()
+        times = {"float32": [], "bfloat16": []}
+        for _ in range(3):
+            times["float32"].append(gpu_ms(wide, reps))
+            times["bfloat16"].append(gpu_ms(narrow, reps))
+        print(f"{name} {config}: float32 states " + " ".join(f"{t:.3f}" for t in times["float32"])
+              + ", bfloat16 states " + " ".join(f"{t:.3f}" for t in times["bfloat16"])
+              + f" ms; max |dy| / max |y| {dy:.2e}, final_states {ds:.2e}", flush=True)
+
+
+def _tf32_operand(t, dtype):
+    """mma_operand with float16 inputs on TF32 operands."""
+    if dtype == ct.bfloat16:
+        return t.astype(dtype)
+    if t.dtype == ct.tfloat32:
+        return t
+    return t.astype(ct.float32).astype(ct.tfloat32)
+
+
+def _tf32_product(a, b, acc, dtype):
+    return ct.mma(_tf32_operand(a, dtype), _tf32_operand(b, dtype), acc)
+
+
+def _unguarded_operand(t, dtype):
+    """mma_operand with float16 inputs on float16 operands, whatever their range."""
+    if dtype == ct.bfloat16 or dtype == ct.float16:
+        return t.astype(dtype)
+    if t.dtype == ct.tfloat32:
+        return t
+    return t.astype(ct.float32).astype(ct.tfloat32)
+
+
+def _unguarded_product(a, b, acc, dtype):
+    return ct.mma(_unguarded_operand(a, dtype), _unguarded_operand(b, dtype), acc)
+
+
+def _products(variant: str):
+    """Bind the kernel modules' product helpers to `variant` (a kernel reads its module's
+    names when it compiles, at its first launch: before any, in this process)."""
+    import sys
+
+    import kernels  # noqa: F401  (imports every kernel module)
+    helpers = {"tf32": (_tf32_operand, _tf32_product),
+               "unguarded": (_unguarded_operand, _unguarded_product)}.get(variant)
+    if helpers is None:
+        return
+    for name in ("arrays", "compute_out", "fwd_pass_state", "ssd_scan", "ssd_varlen"):
+        module = sys.modules[f"kernels.{name}"]
+        for attr, helper in zip(("mma_operand", "mma_product"), helpers):
+            if hasattr(module, attr):
+                setattr(module, attr, helper)
+
+
+def products(variant: str, reps: int):
+    _products(variant)
+    import torch
+
+    from benchmarks.configs import ANCHORS
+    from benchmarks.peers import gpu_ms
+    out = []
+    for name, config in {**ANCHORS, **dict(list(THREE_KERNEL_ROWS.items())[:2])}.items():
+        call = _forward(config, "float16")
+        y, _ = call()
+        torch.cuda.synchronize()
+        if not bool(torch.isfinite(y).all()):
+            raise RuntimeError(f"{name}: float16 y not finite ({variant} products)")
+        out.append(f"{name} {gpu_ms(call, reps):.3f}")
+    print(f"float16, {variant} products, ms: " + ", ".join(out), flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("states", "products"))
+    parser.add_argument("--products", default="guarded", choices=("guarded", "tf32", "unguarded"))
+    parser.add_argument("--reps", type=int, default=15)
+    args = parser.parse_args(argv)
+    if args.what == "states":
+        states(args.reps)
+    else:
+        products(args.products, args.reps)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
