@@ -96,8 +96,9 @@ OUTPUTS = {"chunk_cumsum": ("dt_out", "dA_cumsum"),
 ABLATIONS = {
     "fwd_pass_state": [
         ("abl_no_chunk_store", [
-            ("ct.store(chunk_states, (i_b, i_c, i_h, i_p, i_n),\n"
-             "                     ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)))",
+            ("ct.store(chunk_states, (i_b, i_c, i_h, i_p, i_n),\n                     "
+             "ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)).astype(\n"
+             "                         chunk_states.dtype))",
              "pass", 1)]),
         ("abl_no_exp2", [("dtk * ct.exp2(ct.minimum(a_last - ak, 0.0))",
                           "dtk * ct.minimum(a_last - ak, 0.0)", 1)]),
@@ -108,11 +109,12 @@ ABLATIONS = {
                             "for i_sc in range(i_tc, i_tc + 1):", 1)]),
         ("abl_no_exp2", [("ct.exp2(ct.minimum(a_ts[i_k] - a_s, 0.0))",
                           "ct.minimum(a_ts[i_k] - a_s, 0.0)", 1)]),
-        ("abl_no_x_mma", [("new_accs += (ct.mma(xsT, W, accs[i_k]),)",
+        ("abl_no_x_mma", [("new_accs += (mma_product(xsT, W, accs[i_k], x.dtype),)",
                            "new_accs += (accs[i_k] + W.astype(ct.float32) * "
                            "xsT.astype(ct.float32),)", 1)]),
         ("abl_no_state_mma", [
-            ("acc = ct.mma(S, CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))",
+            ("acc = mma_product(ct.reshape(S, (BLOCK_P, DSTATE)), CtT,\n"
+             "                          ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32), x.dtype)",
              "acc = ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32)", 1)]),
     ],
 }

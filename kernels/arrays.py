@@ -328,46 +328,26 @@ MMA_MIN = 16
 
 
 def mma_operand(t, dtype):
-    """A tile as a ct.mma operand, for kernels whose inputs have `dtype`: bfloat16 or float16 for
-    16-bit inputs (their values as they are, computed values rounded to nearest), else TF32
-    (float32 inputs, rounded to nearest). A tile that already is a TF32 operand stays as it is."""
-    if dtype == ct.bfloat16 or dtype == ct.float16:
+    """A tile as a ct.mma operand, for kernels whose inputs have `dtype`: bfloat16 for bfloat16
+    inputs (their values as they are, computed values rounded to nearest), else TF32 (float32
+    and float16 inputs, rounded to nearest; float16 values are TF32 values). A tile that
+    already is a TF32 operand stays as it is.
+
+    float16 inputs do not take float16 operands: a computed value past float16's range (65504)
+    would round to inf where float32 holds it, and a guard that sends such a product to TF32
+    operands costs more than it saves (benchmarks/DECISIONS.md "float16 products")."""
+    if dtype == ct.bfloat16:
         return t.astype(dtype)
     if t.dtype == ct.tfloat32:
         return t
     return t.astype(ct.float32).astype(ct.tfloat32)
 
 
-# float16's largest finite value: a float32 value of smaller magnitude rounds to a finite float16
-FLOAT16_MAX = 65504.0
-
-
 def mma_product(a, b, acc, dtype):
     """acc + a @ b on the fp32 accumulator acc, in a kernel whose inputs have `dtype`: each of a
     and b is an input's tile (as mma_operand made it) or a tile the kernel computed in float32,
-    rounded here as mma_operand says. Where float16 cannot hold a computed operand (a magnitude
-    of FLOAT16_MAX or more, or a NaN), the product takes TF32 operands instead: float16 values
-    are TF32 values and a computed one rounds with the same unit (2^-11) in float32's range, so
-    no finite value becomes inf (a float16 operand rounded in range: the same bound either
-    way)."""
-    if dtype == ct.float16:
-        if _largest_computed(a, b) < FLOAT16_MAX:
-            acc = ct.mma(a.astype(ct.float16), b.astype(ct.float16), acc)
-        else:
-            acc = ct.mma(a.astype(ct.float32).astype(ct.tfloat32),
-                         b.astype(ct.float32).astype(ct.tfloat32), acc)
-        return acc
+    rounded here, both as mma_operand says."""
     return ct.mma(mma_operand(a, dtype), mma_operand(b, dtype), acc)
-
-
-def _largest_computed(a, b):
-    """The largest magnitude among the float32 (computed) operands of a float16 product (NaN
-    where one holds a NaN); an operand loaded as float16 fits float16."""
-    if a.dtype == ct.float16:
-        return ct.max(ct.abs(b))
-    if b.dtype == ct.float16:
-        return ct.max(ct.abs(a))
-    return ct.maximum(ct.max(ct.abs(a)), ct.max(ct.abs(b)))
 
 
 def head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):

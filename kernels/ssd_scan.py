@@ -88,10 +88,9 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
     # y is accumulated transposed, y^T [BLOCK_P, BLOCK_T], so that x^T is a product's first
     # operand (DECISIONS.md "compute_out: transposed accumulator"). The heads' tiles are tuples
     # unrolled at compile time, so every product stays two-dimensional.
-    # Products take TF32 operands for float32 inputs, 16-bit ones for 16-bit inputs
-    # (mma_product: inputs as they are, the state, the decayed weights and w o x rounded to the
-    # inputs' dtype; a float16 product whose computed operand leaves float16's range takes TF32
-    # ones), fp32 accumulators always; C . B^T takes 16-bit inputs as they are.
+    # Products take TF32 operands for float32 and float16 inputs, bfloat16 ones for bfloat16
+    # inputs (mma_product: inputs as they are, the state, the decayed weights and w o x rounded
+    # to bfloat16), fp32 accumulators always; C . B^T takes 16-bit inputs as they are.
     states = ()
     a_befores = ()
     skips = ()  # each head's skip weights (NaN where not finite)

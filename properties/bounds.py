@@ -128,14 +128,15 @@ def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int,
 
 # 16-bit products (x, B, C, z in bfloat16 or float16): the derivation
 # -------------------------------------------------------------------
-# For 16-bit inputs every product takes 16-bit operands of the inputs' dtype with an fp32
-# accumulator: the inputs as they are (x, B, C: no rounding), the values the kernels compute
-# rounded to that dtype once (u_n = 2^-8 for bfloat16, 2^-11 for float16; round to nearest):
-# compute_out's decayed weights (C B^T o L) * dt and its state operand S, fwd_pass_state's
-# scaled w o x (ssd_scan and ssd_varlen: the same three). Per path:
-#   compute_out, intra-chunk path:  (C B^T o L * dt) -> 16 bits (C B^T itself exact in fp32) 1
-#   compute_out, carried path:      S -> 16 bits (C is exact)                                1
-#   fwd_pass_state, every increment: (w o x) -> 16 bits (B is exact)                         1
+# For bfloat16 inputs every product takes bfloat16 operands with an fp32 accumulator, for float16
+# inputs TF32 ones (kernels.arrays.mma_operand): the inputs as they are (x, B, C: no rounding;
+# float16 values are TF32 values), the values the kernels compute rounded once (u_n = 2^-8 to
+# bfloat16, 2^-11 to TF32 for float16 inputs; round to nearest, TF32 in float32's exponent
+# range): compute_out's decayed weights (C B^T o L) * dt and its state operand S,
+# fwd_pass_state's scaled w o x (ssd_scan and ssd_varlen: the same three). Per path:
+#   compute_out, intra-chunk path:  (C B^T o L * dt) rounded (C B^T itself exact in fp32)   1
+#   compute_out, carried path:      S rounded (C is exact)                                 1
+#   fwd_pass_state, every increment: (w o x) rounded (B is exact)                          1
 #   end to end, carried path:       the state's 1 + S's 1                                    2
 #   end to end, intra path:         1
 # (the program per chunk runs float32 inputs only). k roundings of |d| <= u_n move a term by
@@ -144,13 +145,8 @@ def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int,
 # about 2.0), plus the same fp32 part as above; y's store adds u_n |y| (narrow_output_bound).
 # An 8-bit intermediate (u = 2^-4, 16 u_bf16) or an accumulator kept in 16 bits (a rounding per
 # addition) exceeds it.
-# A float16 product whose computed operand float16 cannot hold (a magnitude of 65504 or more)
-# takes TF32 operands instead (kernels.arrays.mma_product): the float16 inputs are TF32 values
-# and the computed operand rounds with TF32's unit, 2^-11 = u_fp16, so the count is the same.
-# float16 has a narrower exponent range than float32: a computed value below 2^-14 rounds to a
-# subnormal, off by up to half its spacing, 2^-25, in absolute terms (float16_operand_floor).
 NARROW_ROUNDINGS = {"fwd_pass_state": 1, "compute_out": 1, "forward": 2}
-# unit roundoff of a 16-bit value: bfloat16 keeps 7 explicit mantissa bits, float16 10
+# unit roundoff of a 16-bit value: bfloat16 keeps 7 explicit mantissa bits, float16 (and TF32) 10
 U_NARROW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 
 # bfloat16 chunk states (state_dtype bfloat16 for bfloat16 inputs, on the three-kernel path):
@@ -166,36 +162,6 @@ U_NARROW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 # returns holds, beyond that, its own store's rounding: narrow_output_bound of the chunk states'
 # bound, as for y. The scan and the packed path keep no chunk states.
 STORED_STATE_ROUNDINGS = {"fwd_pass_state": 1, "compute_out": 0, "forward": 1}
-# half the spacing of float16's subnormals: a rounding's absolute error below 2^-14
-FP16_SUBNORMAL_HALF_SPACING = 2.0 ** -25
-
-
-def float16_operand_floor(x, B, C, z, chunk_size: int):
-    """(y floor (batch, seqlen, nheads, headdim), state floor (batch, nheads, headdim, dstate)):
-    the absolute error of the float16 operand roundings below float16's normal range (the
-    derivation above), each operand element off by at most e = FP16_SUBNORMAL_HALF_SPACING
-    beyond its relative rounding, on the float64 magnitudes of the inputs (layouts of
-    ../shared/spec/ssd.md):
-      - the decayed weights W[s, t], times x_s summed over t's chunk: e * sum_chunk |x_s|;
-      - w o x, times B_s, summed into the state over the tokens (each decayed by <= 1): a state
-        error <= e * sum_s |B_s| per (group, n); the state operand S adds e: reaching y_t
-        through C_t, e * sum_n |C_t,n| (1 + sum_{s <= t} |B_s,n|);
-    the z gate multiplies y's by |silu(z)| <= max(1, |z|). seq_idx resets only drop terms."""
-    e = FP16_SUBNORMAL_HALF_SPACING
-    x, B, C = (np.abs(np.asarray(a, np.float64)) for a in (x, B, C))
-    batch, seqlen, nheads, headdim = x.shape
-    heads_per_group = nheads // B.shape[2]
-    nchunks = -(-seqlen // chunk_size)
-    padded = np.zeros((batch, nchunks * chunk_size, nheads, headdim))
-    padded[:, :seqlen] = x
-    chunk_x = padded.reshape(batch, nchunks, chunk_size, nheads, headdim).sum(axis=2)
-    weights = np.repeat(chunk_x, chunk_size, axis=1)[:, :seqlen]  # [b, t, h, p]
-    through_state = np.einsum("btgn,btgn->btg", C, 1.0 + np.cumsum(B, axis=1))  # [b, t, g]
-    y = e * (weights + np.repeat(through_state, heads_per_group, axis=2)[..., None])
-    if z is not None:
-        y = y * np.maximum(1.0, np.abs(np.asarray(z, np.float64)))
-    state = e * np.repeat(B.sum(axis=1), heads_per_group, axis=1)  # [b, h, n]
-    return y, np.broadcast_to(state[:, :, None, :], (batch, nheads, headdim, B.shape[3]))
 
 
 # The constant for tests up to 4096 tokens, chunk 256 and dstate 256 (every kernel test of the
@@ -267,7 +233,7 @@ def float64_chunked_rel(chunk_size: int, dA_cumsum) -> float:
 # y in the inputs' dtype): the derivation
 # ------------------------------------------------------------------------------------------
 # The products take 16-bit operands, so the bound of the float32 result is kappa's with 16-bit
-# operands (above: "16-bit products"), plus, for float16, float16_operand_floor. So with y_ref
+# operands (above: "16-bit products"). So with y_ref
 # the float64 forward of the narrow inputs' own values (upcast, not the float32 data they were
 # rounded from), the float32 result y32 the kernel holds before its store satisfies that bound
 # b: |y32 - y_ref| <= b. The store
@@ -279,7 +245,7 @@ def float64_chunked_rel(chunk_size: int, dA_cumsum) -> float:
 #     |y - y_ref| <= b + u_narrow * (|y_ref| + b) + floor_narrow
 # while |y| stays below the format's largest finite number (float16: 65504; beyond it y is
 # inf, which fails every check). final_states stays float32: its bound is unchanged.
-NARROW_FLOOR = {"bfloat16": FTZ_MIN, "float16": FP16_SUBNORMAL_HALF_SPACING}
+NARROW_FLOOR = {"bfloat16": FTZ_MIN, "float16": 2.0 ** -25}
 
 
 def narrow_output_bound(y_ref, fp32_bound, dtype: str):

@@ -31,8 +31,8 @@ from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
-                               decay_term, float16_operand_floor, ftz_floor, kappa,
-                               narrow_output_bound, tf32_bound)
+                               decay_term, ftz_floor, kappa, narrow_output_bound,
+                               tf32_bound)
 from properties.profiles import buckets, caps
 from properties.strategies import Problem, problems
 
@@ -147,10 +147,6 @@ class ForwardBounds:
     extra_y: np.ndarray
     extra_final: np.ndarray
     floor: float  # the flush-to-zero allowance inside both extras
-    # every absolute allowance inside extra_y and extra_final: the flush-to-zero floor, and for
-    # float16 operands bounds.float16_operand_floor's
-    y_floor: np.ndarray | float = 0.0
-    final_floor: np.ndarray | float = 0.0
 
     @property
     def y(self) -> np.ndarray:
@@ -170,9 +166,8 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     `chunk_decay_factor` scales Lambda, the largest in-chunk decay, for runs whose chunks start
     elsewhere than p's (a chunk of another run overlaps at most 2 of p's chunks: factor 2);
     `operands`: the products' operand format, the inputs' dtype for 16-bit inputs
-    (bounds.kappa; float16 adds bounds.float16_operand_floor); `stored_states`: the chunk
-    states stored in bfloat16 (bounds.kappa), None: as ssd_forward stores them by default
-    (kernels.ssd_forward.STATE_DTYPES).
+    (bounds.kappa); `stored_states`: the chunk states stored in bfloat16 (bounds.kappa), None:
+    as ssd_forward stores them by default (kernels.ssd_forward.STATE_DTYPES).
     """
     cs = chunk_size or p.chunk_size
     d = p.dims
@@ -191,20 +186,15 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     final_M_w = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA_w, p.initial_states,
                                            p.seq_idx)[1]
     floor = _floor(p, dt_out, states_M, final_M)
-    y_floor, final_floor = floor, floor
-    if operands == "float16":  # float16 operands below float16's normal range
-        y16, final16 = float16_operand_floor(p.x, p.B, p.C, p.z, cs)
-        y_floor, final_floor = floor + y16, floor + final16
     k_y = kappa("forward", d.seqlen, cs, d.dstate, operands, stored_states) + extra_kappa
     k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate, operands, stored_states) + extra_kappa
     return ForwardBounds(M=M, final_M=final_M, kappa_y=k_y, kappa_final=k_s,
-                         extra_y=decay_term(M, M_w, cs, lam) + y_floor,
-                         extra_final=decay_term(final_M, final_M_w, cs, lam) + final_floor,
-                         floor=floor, y_floor=y_floor, final_floor=final_floor)
+                         extra_y=decay_term(M, M_w, cs, lam) + floor,
+                         extra_final=decay_term(final_M, final_M_w, cs, lam) + floor, floor=floor)
 
 
 def check_close(what: str, got, ref, bound, M, p: Problem, *, label: str | None = None,
-                floor=0.0, unit: tuple[str, float] = ("u", U_TF32)) -> dict:
+                floor: float = 0.0, unit: tuple[str, float] = ("u", U_TF32)) -> dict:
     """Assert every element of `got` is finite and within `bound` of `ref`; return the observed
     max err/(u*M) (of the error beyond the flush-to-zero allowance `floor`; `unit` names u) and
     max err/bound, keyed by `label` (default `what`: a stable name for hypothesis.target)."""
@@ -341,9 +331,10 @@ def forward_bf16_bound(p: Problem, backend: str) -> dict:
 def forward_fp16_bound(p: Problem, backend: str) -> dict:
     """ssd_forward with x, B, C, z in float16 (dt, A, D, dt_bias, initial_states float32): y in
     float16 within narrow_output_bound of the float64 forward of the float16 values,
-    final_states (float32) within its float32 bound, both at kappa of float16 operands; and the
-    same problem with its decayed weights pushed past float16's range (_weights_past_float16),
-    where the products that take them run on TF32 operands, within the same bound."""
+    final_states (float32) within its bound, both at kappa of float16 inputs (their products
+    take TF32 operands); and the same problem with its decayed weights pushed past float16's
+    range (_weights_past_float16), which a product rounding them to float16 would make inf,
+    within the same bound."""
     q = _as_float16(p)
     pushed = _weights_past_float16(q)
     return _merge(_fp16_forward_within_bound("fp16", q, backend),
@@ -359,9 +350,9 @@ def _fp16_forward_within_bound(what: str, q: Problem, backend: str) -> dict:
     y_ref, final_ref = R.ssd_recurrent(q.x, q.dt, q.A, q.B, q.C, **q.options())
     b = forward_bounds(q, operands="float16")
     return _merge(check_close(f"{what} y", y, y_ref, narrow_output_bound(y_ref, b.y, "float16"),
-                              b.M, q, floor=b.y_floor),
+                              b.M, q, floor=b.floor),
                   check_close(f"{what} final_states", final, final_ref, b.final, b.final_M, q,
-                              floor=b.final_floor))
+                              floor=b.floor))
 
 
 # how far past float16's largest finite value _weights_past_float16 pushes the largest weight
@@ -371,7 +362,7 @@ FP16_PUSH = 2.0 ** 17
 def _weights_past_float16(q: Problem) -> Problem | None:
     """q (float16 activations) with B scaled up and x down by one power of two 2^k, so that its
     largest decayed weight on the diagonal (C_t . B_t dt_t: no decay there) is FP16_PUSH or more,
-    past float16's range (kernels.arrays.mma_product takes TF32 operands for that product); y's
+    past float16's range (kernels.arrays.mma_operand: float16 inputs take TF32 operands); y's
     terms through B x keep their values, D x gets smaller. None where the weights already pass
     the range or are all zero, or B would leave float16's range (|B| 2^k >= 2^15)."""
     d = q.dims

@@ -233,15 +233,10 @@ CATALOGUE = [
            ".astype(ct.float32)",
            "the state's accumulator is rounded to bfloat16 after every product (a 16-bit "
            "accumulator)"),
-    Mutant("float16_operands_in_bfloat16_precision", "kernels/arrays.py",
-           "acc = ct.mma(a.astype(ct.float16), b.astype(ct.float16), acc)",
-           "acc = ct.mma(a.astype(ct.bfloat16).astype(ct.float16), "
-           "b.astype(ct.bfloat16).astype(ct.float16), acc)",
-           "float16 products round their operands with bfloat16's 7 mantissa bits"),
-    Mutant("float16_range_fallback_missing", "kernels/arrays.py",
-           "if _largest_computed(a, b) < FLOAT16_MAX:",
-           "if _largest_computed(a, b) < math.inf:",
-           "a float16 product rounds a computed operand past float16's range (to inf)"),
+    Mutant("float16_products_in_float16", "kernels/arrays.py",
+           "    if dtype == ct.bfloat16:\n        return t.astype(dtype)",
+           "    if dtype == ct.bfloat16 or dtype == ct.float16:\n        return t.astype(dtype)",
+           "float16 inputs take float16 operands: a computed operand past 65504 rounds to inf"),
     Mutant("chunk_state_stored_in_8_bits", "kernels/fwd_pass_state.py",
            "ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)).astype(\n"
            "                         chunk_states.dtype))",

@@ -123,11 +123,11 @@ def test_bfloat16_torch_inputs_within_narrow_bound(case_id):
     check_close("final_states", final.cpu().numpy(), final_ref, final_bound, b.final_M, p)
 
 
-# float16 products whose computed operand float16 cannot hold (kernels.arrays.mma_product):
-# activations scaled by powers of two (exact) so that one operand passes 65504 by far while y
-# stays in float16's range. "weights": C B^T dt (B up, x down); "state": the state operand S (x
-# and B up, C down); "scaled_x": w o x (x up, dt >= 2.5, B and C down). (x, B, C exponents, dt
-# range)
+# float16 inputs whose computed operands float16 cannot hold (their products take TF32
+# operands, kernels.arrays.mma_operand): activations scaled by powers of two (exact) so that one
+# operand passes 65504 by far while y stays in float16's range. "weights": C B^T dt (B up, x
+# down); "state": the state operand S (x and B up, C down); "scaled_x": w o x (x up,
+# dt >= 2.5, B and C down). (x, B, C exponents, dt range)
 PAST_FLOAT16 = {
     "weights": ((-12, 10, 6), (1e-3, 0.3)),
     "state": ((10, 6, -14), (0.5, 1.0)),
@@ -164,32 +164,32 @@ def _past_operand(regime: str, kw: dict) -> float:
 @pytest.mark.parametrize("regime", PAST_FLOAT16)
 def test_float16_products_past_float16_range_stay_within_bound(regime, backend):
     """The forward (the interpreter's: the scan), the three stages and a packed row, each within
-    the float16 bound where a computed operand passes float16's range: that product takes TF32
-    operands instead of rounding to inf."""
+    the float16 bound where a computed operand passes float16's range (a product that rounded
+    it to float16 would make it inf)."""
     kw = _past_float16_inputs(regime)
     assert _past_operand(regime, kw) >= FLOAT16_PAST  # the regime reaches past the range
     y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "float16")
     assert np.max(np.abs(y_ref)) < 2.0 ** 15  # y itself fits float16
     on = on_backend(backend, kw)
     y, final = (to_numpy(a) for a in ssd_forward(**on, return_final_states=True))
-    check_close(f"{regime}: forward y", y, y_ref, y_bound, b.M, p, floor=b.y_floor)
+    check_close(f"{regime}: forward y", y, y_ref, y_bound, b.M, p, floor=b.floor)
     check_close(f"{regime}: forward final_states", final, final_ref, final_bound, b.final_M, p,
-                floor=b.final_floor)
+                floor=b.floor)
     dt_out, dA_cumsum = chunk_cumsum(on["dt"], on["A"], kw["chunk_size"])
     chunk_states, final = fwd_pass_state(on["x"], on["B"], dt_out, dA_cumsum)
     y = compute_out(on["x"], on["B"], on["C"], dt_out, dA_cumsum, chunk_states)
     check_close(f"{regime}: three stages y", to_numpy(y), y_ref, y_bound, b.M, p,
-                floor=b.y_floor)
+                floor=b.floor)
     check_close(f"{regime}: three stages final_states", to_numpy(final), final_ref, final_bound,
-                b.final_M, p, floor=b.final_floor)
+                b.final_M, p, floor=b.floor)
     row = {k: v[:1] if k in ("x", "dt", "B", "C") else v for k, v in on.items()}
     cu = on_backend(backend, {"cu": np.array([0, kw["x"].shape[1]], np.int32)})["cu"]
     y, states = (to_numpy(a) for a in ssd_forward(**row, cu_seqlens=cu,
                                                     return_varlen_states=True))
     check_close(f"{regime}: packed y", y, y_ref[:1], y_bound[:1], b.M[:1], p,
-                floor=np.asarray(b.y_floor)[:1])
+                floor=b.floor)
     check_close(f"{regime}: packed state", states, final_ref[:1], final_bound[:1],
-                b.final_M[:1], p, floor=np.asarray(b.final_floor)[:1])
+                b.final_M[:1], p, floor=b.floor)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -218,14 +218,14 @@ def test_bfloat16_chunk_states_within_bound(backend):
         y = compute_out(on["x"], on["B"], on["C"], dt_out, dA_cumsum, states,
                         seq_idx=on["seq_idx"])
         check_close(f"{mode}: y", to_numpy(y).astype(np.float64), y_ref, y_bound, b.M, p,
-                    floor=b.y_floor)
+                    floor=b.floor)
         check_close(f"{mode}: final_states", final, final_ref, b.final, b.final_M, p,
-                    floor=b.final_floor)
+                    floor=b.floor)
     y, final = (to_numpy(a) for a in ssd_forward(**on, return_final_states=True,
                                                    state_dtype=narrow_dtype))
-    check_close("forward y", y.astype(np.float64), y_ref, y_bound, b.M, p, floor=b.y_floor)
+    check_close("forward y", y.astype(np.float64), y_ref, y_bound, b.M, p, floor=b.floor)
     check_close("forward final_states", final, final_ref, b.final, b.final_M, p,
-                floor=b.final_floor)
+                floor=b.floor)
 
 
 @pytest.mark.parametrize("dtype, state_dtype, error, match", [
