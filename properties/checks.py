@@ -25,7 +25,7 @@ from kernels.compute_out import BLOCK_TS, OCCUPANCIES, RULES_BLOCK_T, RULES_OCCU
 from kernels.compute_out import compute_out_choices
 from kernels.fwd_pass_state import BLOCK_KS, BLOCK_NS, BLOCK_PS, MODES, PASS_BLOCKS
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
-from kernels.ssd_forward import STATE_DTYPES
+from kernels.ssd_forward import STATE_DTYPES, launch_plan
 from kernels.ssd_scan import RULES_CHOICE as SCAN_RULES_CHOICE
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
@@ -311,7 +311,8 @@ def forward_bf16_bound(p: Problem, backend: str) -> dict:
     """ssd_forward with x, B, C, z in bfloat16 (the rest float32; on the GPU as torch tensors,
     CuPy has no bfloat16): its products take bfloat16 operands; y in bfloat16 within
     narrow_output_bound of the float64 forward of the bfloat16 values, final_states (float32)
-    within its bound, both at kappa of bfloat16 operands."""
+    within its bound, both at kappa of bfloat16 operands, and of bfloat16 chunk states where the
+    forward keeps chunk states (_keeps_chunk_states)."""
     q = _as_bfloat16(p)
     y, final = forward(q, backend)
     if y.dtype != ml_dtypes.bfloat16 or final.dtype != np.float32:
@@ -320,12 +321,24 @@ def forward_bf16_bound(p: Problem, backend: str) -> dict:
     wide = _wide(q)
     y_ref, final_ref = R.ssd_recurrent(wide.x, wide.dt, wide.A, wide.B, wide.C,
                                        **wide.options())
-    b = forward_bounds(wide, operands="bfloat16")
+    b = forward_bounds(wide, operands="bfloat16",
+                       stored_states=_keeps_chunk_states(q, _narrow_backend(backend)))
     return _merge(check_close("bf16 y", y.astype(np.float64), y_ref,
                               narrow_output_bound(y_ref, b.y, "bfloat16"), b.M, wide,
                               floor=b.floor),
                   check_close("bf16 final_states", final, final_ref, b.final, b.final_M, wide,
                               floor=b.floor))
+
+
+def _keeps_chunk_states(q: Problem, backend: str) -> bool:
+    """Whether ssd_forward on q's arrays, on `backend`, stores chunk states between its kernels
+    (the three-kernel path; the scan keeps its state in registers): its launch plan's outputs."""
+    arrays = {n: to_backend(getattr(q, n), backend) for n in ("x", "dt", "A", "B", "C", "D", "z",
+                                                              "dt_bias", "initial_states",
+                                                              "seq_idx")}
+    plan = launch_plan(**arrays, chunk_size=q.chunk_size, dt_softplus=q.dt_softplus,
+                       dt_limit=q.dt_limit)
+    return any(name == "chunk_states" for name, _, _ in plan.outputs)
 
 
 def forward_fp16_bound(p: Problem, backend: str) -> dict:
@@ -584,7 +597,7 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
     wide = _wide(q)
     y_ref, final_ref = R.ssd_recurrent(wide.x, wide.dt, wide.A, wide.B, wide.C,
                                        **wide.options())
-    b = forward_bounds(wide, operands="bfloat16")
+    b = forward_bounds(wide, operands="bfloat16", stored_states=False)  # the scan keeps none
     metrics += [check_close("ssd_scan bf16 y", y.astype(np.float64), y_ref,
                             narrow_output_bound(y_ref, b.y, "bfloat16"), b.M, wide,
                             floor=b.floor),
@@ -678,7 +691,9 @@ def _packed_against_alone(q: Problem, cu, h0, backend: str) -> dict:
                                 initial_states=h0[k:k + 1]))
         y_ref, final_ref = R.ssd_recurrent(alone.x, alone.dt, alone.A, alone.B, alone.C,
                                            **alone.options())
-        b = forward_bounds(alone, operands="bfloat16" if narrow else "tfloat32")
+        # the packed path keeps no chunk states
+        b = forward_bounds(alone, operands="bfloat16" if narrow else "tfloat32",
+                           stored_states=False)
         y_bound = narrow_output_bound(y_ref, b.y, "bfloat16") if narrow else b.y
         what = f"{'bf16 ' if narrow else ''}sequence {k} (tokens {lo}:{hi})"
         metrics += [check_close(f"{what} y", np.asarray(y[:, lo:hi], np.float64), y_ref, y_bound,
