@@ -18,6 +18,18 @@ from shapes import CASES, make_inputs
 TENSOR_CORE_OPERANDS = (ct.tfloat32, ct.bfloat16, ct.float16)
 
 
+def _forward_and_stages(kw: dict):
+    """ssd_forward on the inputs `kw`, then chunk_cumsum and fwd_pass_state by their rules:
+    (dt_out, dA_cumsum, chunk_states)."""
+    ssd_forward(**kw, return_final_states=True)
+    dt_out, dA_cumsum = chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw.get("dt_bias"),
+                                     kw.get("dt_softplus", False),
+                                     kw.get("dt_limit", (0.0, float("inf"))))
+    states, _ = fwd_pass_state(kw["x"], kw["B"], dt_out, dA_cumsum, kw.get("initial_states"),
+                               kw.get("seq_idx"))
+    return dt_out, dA_cumsum, states
+
+
 @pytest.mark.properties
 @pytest.mark.parametrize("layout", LAYOUTS)  # compute_out's two kernels
 # chunk256_ragged: several token blocks per chunk and no seq_idx, so the program per chunk
@@ -30,12 +42,7 @@ def test_every_product_has_tensor_core_operands(case, layout):
     replaced) where the case can run it (the program per chunk: float32, no seq_idx)."""
     kw = make_inputs(case)
     with record_mma_operands() as products:
-        ssd_forward(**kw, return_final_states=True)
-        dt_out, dA_cumsum = chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"],
-                                         kw.get("dt_bias"), kw.get("dt_softplus", False),
-                                         kw.get("dt_limit", (0.0, float("inf"))))
-        states, _ = fwd_pass_state(kw["x"], kw["B"], dt_out, dA_cumsum,
-                                   kw.get("initial_states"), kw.get("seq_idx"))
+        dt_out, dA_cumsum, states = _forward_and_stages(kw)
         arrays = (kw["x"], kw["B"], kw["C"], dt_out, dA_cumsum, states, kw.get("D"), kw.get("z"))
         seg = kw.get("seq_idx")  # stands in for its segment ids: the choices read its shape
         choice = rules_choice(kw["x"], kw["B"], dt_out, seg, False, 1)._replace(layout=layout)
@@ -62,16 +69,10 @@ def test_16_bit_inputs_take_the_products_of_their_dtype(case, dtype, operand):
     narrow = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float16)
     kw = {k: v.astype(narrow) if k in ("x", "B", "C", "z") else v
           for k, v in make_inputs(case).items()}
-    opts = {k: kw.get(k) for k in ("D", "z", "dt_bias", "initial_states", "seq_idx")}
     with record_mma_operands() as products:
-        ssd_forward(**kw, return_final_states=True)
-        dt_out, dA_cumsum = chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"],
-                                         kw.get("dt_bias"), kw.get("dt_softplus", False),
-                                         kw.get("dt_limit", (0.0, float("inf"))))
-        states, _ = fwd_pass_state(kw["x"], kw["B"], dt_out, dA_cumsum,
-                                   opts["initial_states"], opts["seq_idx"])
-        compute_out(kw["x"], kw["B"], kw["C"], dt_out, dA_cumsum, states, opts["D"], opts["z"],
-                    opts["seq_idx"])
+        dt_out, dA_cumsum, states = _forward_and_stages(kw)
+        compute_out(kw["x"], kw["B"], kw["C"], dt_out, dA_cumsum, states, kw.get("D"),
+                    kw.get("z"), kw.get("seq_idx"))
         row = {k: v[:1] if k in ("x", "dt", "B", "C", "z") else v for k, v in kw.items()
                if k not in ("initial_states", "seq_idx")}
         ssd_forward(**row, cu_seqlens=np.array([0, 1, kw["x"].shape[1]], np.int32))
