@@ -91,8 +91,8 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     i_c = i_t // T_PER_CHUNK
     i_tc = i_t % T_PER_CHUNK  # the token block's position in its chunk
     i_g = i_hb * HEADS // (x.shape[2] // B.shape[2])  # the group the heads read
-    # each head's skip weights (NaN where not finite), read first: with the error word's
-    # atomic after the products, tileiras 13.4 crashes (sm_90, 128-token blocks)
+    # each head's skip weights (NaN where not finite), read once; reported after the loop
+    # (report_D)
     skips = ()
     for i_k in ct.static_iter(range(HEADS)):
         if HAS_D:

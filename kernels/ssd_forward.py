@@ -144,9 +144,10 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     `state_dtype` (keyword only; mamba_ssm's name): the dtype the chunk states are stored in
     between fwd_pass_state and compute_out, float32, or bfloat16 for bfloat16 inputs (float16
     states would overflow past 65504), by name or as a NumPy, ml_dtypes or torch dtype; None:
-    STATE_DTYPES' for x's dtype. bfloat16 states add one rounding to the carried state's path
-    (properties/bounds.py); the scan and the packed path keep their state in float32
-    registers, and final_states is float32 always.
+    STATE_DTYPES' for x's dtype. With fwd_pass_state's chunks in parallel bfloat16 states add
+    one rounding to the carried state's path (in order, y is bit-identical; properties/
+    bounds.py); the scan and the packed path keep their state in float32 registers, and
+    final_states is float32 always.
 
     The values of A, D and dt_bias (A < 0, all finite) are checked on the device, by
     chunk_cumsum (kernels.errors): a bad value makes every output it feeds NaN and is raised as a

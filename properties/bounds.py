@@ -65,7 +65,7 @@ Two terms the relative count does not cover, both zero in ordinary cases:
 
 A bf16 intermediate (u_bf16 = 2^-8 = 8 u) alone adds up to 8 u per term: the bound at kappa ~ 4.2
 leaves it no room (tests/test_properties.py and the mutants check that it is caught). 16-bit
-inputs take 16-bit products and a bound of their own (below: "16-bit products").
+inputs take a bound of their own (below: "16-bit products").
 """
 
 from __future__ import annotations
@@ -232,8 +232,7 @@ def float64_chunked_rel(chunk_size: int, dA_cumsum) -> float:
 # Narrow inputs (x, B, C, z in bfloat16 or float16; dt, A, D, dt_bias, initial_states float32;
 # y in the inputs' dtype): the derivation
 # ------------------------------------------------------------------------------------------
-# The products take 16-bit operands, so the bound of the float32 result is kappa's with 16-bit
-# operands (above: "16-bit products"). So with y_ref
+# The bound of the float32 result is kappa's for 16-bit inputs (above: "16-bit products"). So with y_ref
 # the float64 forward of the narrow inputs' own values (upcast, not the float32 data they were
 # rounded from), the float32 result y32 the kernel holds before its store satisfies that bound
 # b: |y32 - y_ref| <= b. The store
@@ -244,7 +243,8 @@ def float64_chunked_rel(chunk_size: int, dA_cumsum) -> float:
 # float32's range, where a flush to zero loses < 2^-126). Hence, per element,
 #     |y - y_ref| <= b + u_narrow * (|y_ref| + b) + floor_narrow
 # while |y| stays below the format's largest finite number (float16: 65504; beyond it y is
-# inf, which fails every check). final_states stays float32: its bound is unchanged.
+# inf, which fails every check). final_states stays float32: no store rounding (its kappa is
+# the 16-bit one, with bfloat16 chunk states' extra rounding where they are kept).
 NARROW_FLOOR = {"bfloat16": FTZ_MIN, "float16": 2.0 ** -25}
 
 

@@ -244,6 +244,13 @@ CATALOGUE = [
            "ct.int32) & -1048576, ct.float32).astype(chunk_states.dtype))",
            "the chunk states are stored narrower than state_dtype (3 mantissa bits, an 8-bit "
            "float's)"),
+    Mutant("chunk_increment_stored_in_8_bits", "kernels/fwd_pass_state.py",
+           "ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)).astype(\n"
+           "                     chunk_states.dtype))",
+           "ct.bitcast(ct.bitcast(ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)), "
+           "ct.int32) & -1048576, ct.float32).astype(chunk_states.dtype))",
+           "with the chunks in parallel, each chunk's increment is stored narrower than "
+           "state_dtype"),
     Mutant("state_pass_stored_in_8_bits", "kernels/fwd_pass_state.py",
            "ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)).astype(chunk_states.dtype))",
            "ct.bitcast(ct.bitcast(ct.reshape(S, (1, 1, 1, BLOCK_P, BLOCK_N)), ct.int32) "
@@ -263,6 +270,10 @@ CATALOGUE = [
     Mutant("plan_key_blind_to_options", "kernels/ssd_forward.py",
            "chunk_size, bool(dt_softplus),", "chunk_size,",
            "dt_softplus on takes the plan of dt_softplus off"),
+    Mutant("plan_key_blind_to_state_dtype", "kernels/ssd_forward.py",
+           "type(batch_parts), batch_parts, state_dtype, tuning_table.version())",
+           "type(batch_parts), batch_parts, tuning_table.version())",
+           "a call takes the plan, and so the chunk states' dtype, of another state_dtype"),
     Mutant("plan_key_blind_to_dt_limit", "kernels/ssd_forward.py",
            "tuple(dt_limit),\n", "\n",
            "a call takes the plan, and so the clamp, of another dt_limit"),

@@ -162,7 +162,7 @@ class Row:
         self.y_ref, self.final_ref = R.ssd_chunked(problem.x, problem.dt, problem.A, problem.B,
                                                    problem.C, chunk_size, D=problem.D)
         self.expected = forward_bounds(problem)  # float32 arithmetic: the comparators'
-        # the cuTile kernels': 16-bit products for 16-bit inputs
+        # the cuTile kernels': bfloat16 products for bfloat16 inputs (bounds.kappa)
         self.cutile_expected = forward_bounds(
             problem, operands="tfloat32" if dtype == "float32" else dtype)
         self.failures: dict[str, str | None] = {}

@@ -120,7 +120,7 @@ CONFIGS = [
 STANDALONE_COMPUTE_OUT = ("all_options_chunk128", "options_but_seq_idx_chunk256",
                           "int64_all_options_chunk256", "mamba2_2p7b_chunk256",
                           "no_options_chunk256", "all_options_chunk256_bf16",
-                          "no_options_chunk256_bf16")
+                          "no_options_chunk256_bf16", "all_options_chunk256_bf16_float32_states")
 
 # packed rows (cu_seqlens, batch 1): ssd_forward's launches of chunk_cumsum and ssd_varlen, every
 # option (D per channel, z, initial states per sequence) on and off, float32 and bfloat16, at the

@@ -125,3 +125,21 @@ def _launched_on_the_arrays(kw):
     backend.launch_parts([forward_launches(dataclasses.replace(p.arrays, errors=word),
                                            p.sm_count) for p in parts])
     return y, final_states
+
+
+@pytest.mark.properties
+def test_state_dtype_is_keyed(no_plans):
+    """bfloat16 inputs past the scan's dstate tile (three kernels, on the interpreter too): the
+    chunk states' dtype is part of the plan, so each state_dtype gets its own, equal to a fresh
+    one (a key blind to it would hand float32 states' plan to bfloat16 states)."""
+    import ml_dtypes
+    kw = Signature(Dims(1, 40, 2, 8, 1, 200, 16), "float32", None, False, False, False, False,
+                   False, (0.0, math.inf), None).arguments(np)
+    kw.update({k: kw[k].astype(ml_dtypes.bfloat16) for k in ("x", "B", "C")})
+    del kw["state_dtype"]
+    for state_dtype in ("float32", None, "float32", ml_dtypes.bfloat16):
+        cached = forward.launch_plan(**kw, state_dtype=state_dtype)
+        assert cached == forward.build_plan(**kw, state_dtype=state_dtype), state_dtype
+    dtypes = {state_dtype: dict((n, x) for n, _, x in forward.launch_plan(
+        **kw, state_dtype=state_dtype).outputs)["chunk_states"] for state_dtype in ("float32", None)}
+    assert dtypes == {"float32": False, None: True}  # float32, and x's bfloat16 by default

@@ -15,6 +15,7 @@ import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
 from kernels.fwd_pass_state import MODES
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
+from kernels.ssd_forward import launch_plan
 from properties.bounds import narrow_output_bound
 from properties.checks import check_close, forward_bounds
 from properties.strategies import Problem
@@ -196,8 +197,8 @@ def test_float16_products_past_float16_range_stay_within_bound(regime, backend):
 def test_bfloat16_chunk_states_within_bound(backend):
     """state_dtype bfloat16 (bfloat16 inputs): fwd_pass_state in each mode stores its chunk
     states in it, and with compute_out composes to a y within the forward's bound of stored
-    bfloat16 states; so does ssd_forward (three kernels on the GPU's small grid; the
-    interpreter's forward is the scan, which keeps no chunk states)."""
+    bfloat16 states; so does ssd_forward, whose plan keeps them (three kernels: dstate 200 is
+    past the scan's tile, and the GPU's grid is small)."""
     if backend == "gpu":  # CuPy has no bfloat16
         pytest.importorskip("torch")
         backend = "torch"
@@ -221,6 +222,8 @@ def test_bfloat16_chunk_states_within_bound(backend):
                     floor=b.floor)
         check_close(f"{mode}: final_states", final, final_ref, b.final, b.final_M, p,
                     floor=b.floor)
+    plan = launch_plan(**on, state_dtype=narrow_dtype)
+    assert ("chunk_states", p.dims.shape("chunk_states"), True) in plan.outputs  # x's dtype
     y, final = (to_numpy(a) for a in ssd_forward(**on, return_final_states=True,
                                                    state_dtype=narrow_dtype))
     check_close("forward y", y.astype(np.float64), y_ref, y_bound, b.M, p, floor=b.floor)
