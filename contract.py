@@ -85,6 +85,12 @@ def dtype_name(a) -> str:
     return name
 
 
+def state_dtypes(x) -> tuple[str, ...]:
+    """The dtypes the kernels store chunk states in for activations like x: float32, and
+    bfloat16 for bfloat16 ones."""
+    return ("float32", "bfloat16") if dtype_name(x) == "bfloat16" else ("float32",)
+
+
 def state_dtype_name(state_dtype, x) -> str | None:
     """ssd_forward's `state_dtype` (the dtype of the chunk states between the kernels) as a
     dtype name: None stays None (the forward's default); else float32, or bfloat16 where x is
@@ -102,7 +108,7 @@ def state_dtype_name(state_dtype, x) -> str | None:
         except TypeError:
             raise TypeError(f"state_dtype: must be a dtype or a dtype's name, got "
                             f"{state_dtype!r}") from None
-    allowed = ("float32", "bfloat16") if dtype_name(x) == "bfloat16" else ("float32",)
+    allowed = state_dtypes(x)
     if name not in allowed:
         raise ValueError(f"state_dtype: must be one of {allowed} (float32, or bfloat16 for "
                          f"bfloat16 inputs: float16 states would overflow past 65504 where "
@@ -376,11 +382,9 @@ def check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, *, D=None, 
     _expect("C", C, dims.shape("C"))
     _activation("C", C, x, float_dtypes, activation_dtypes)
     _expect("chunk_states", chunk_states, dims.shape("chunk_states"))
-    if activation_dtypes is None:
-        _float("chunk_states", chunk_states, float_dtypes)
-    else:  # the kernels: float32, or bfloat16 for bfloat16 inputs (ssd_forward's state_dtype)
-        _float("chunk_states", chunk_states,
-               (*float_dtypes, "bfloat16") if dtype_name(x) == "bfloat16" else float_dtypes)
+    # the kernels (activation_dtypes given) take state_dtypes(x); the references float_dtypes
+    _float("chunk_states", chunk_states,
+           float_dtypes if activation_dtypes is None else state_dtypes(x))
     _check_D_z(D, z, dims, float_dtypes, x, activation_dtypes)
     if seq_idx is not None:
         check_seq_idx(seq_idx, dims.batch, dims.seqlen)

@@ -2,6 +2,7 @@
 
 ANCHORS: the spec's five rows ("Anchors measured on the H200"), with mamba_ssm's medians measured
 there (ms; fp32, bf16) and issue 6's fp32 targets for ssd_forward (ms).
+THREE_KERNEL_ROWS: shapes whose bfloat16 forward keeps chunk states (benchmarks.narrow).
 SWEEP: the seqlen sweep behind the picture (Mamba-2 2.7B heads, batch 1).
 row_inputs: a row's input arrays on the GPU.
 """
@@ -30,6 +31,17 @@ TARGET_FP32_MS = {
     "mamba2_130m": 0.15,
     "chunk_64": 0.50,
     "groups_8": 0.25,
+}
+
+# shapes whose bfloat16 forward runs chunk_cumsum, fwd_pass_state and compute_out on an H200
+# (a grid too small for the scan; benchmarks.narrow times their chunk states' dtype)
+THREE_KERNEL_ROWS = {
+    "b1_16k_h24": (1, 16384, 24, 64, 128, 1, 256),
+    "b2_4k_h8_c128": (2, 4096, 8, 64, 128, 1, 128),
+    "b1_16k_h32_c64": (1, 16384, 32, 64, 128, 1, 64),
+    "b1_8k_h16": (1, 8192, 16, 64, 128, 1, 256),
+    "b2_8k_h8_n64_c128": (2, 8192, 8, 64, 64, 1, 128),
+    "b1_32k_h24": (1, 32768, 24, 64, 128, 1, 256),
 }
 
 SWEEP_SEQLENS = (1024, 2048, 4096, 8192, 16384)

@@ -4,13 +4,14 @@
     python -m benchmarks.narrow products [--products guarded|tf32|unguarded] [--reps 15]
 
 `states`: ssd_forward on bfloat16 inputs with state_dtype float32 and bfloat16, alternating, three
-rounds each, on shapes whose forward runs the three kernels (a grid too small for the scan: few
-heads, batch 1 or 2), and how far y and final_states move between the two.
+rounds each, on benchmarks.configs.THREE_KERNEL_ROWS (shapes whose forward runs the three
+kernels), and how far y and final_states move between the two.
 `products`: ssd_forward on float16 inputs over the anchor rows and two three-kernel shapes.
 `--products` chooses how float16 inputs multiply: `tf32` (the product's: every operand TF32),
 `guarded` (float16 operands, TF32 ones for a product whose computed operand passes 65504) or
-`unguarded` (float16 operands always; wrong past 65504, timed as the floor of the guard's cost). A kernel compiles
-once per process, so a process times one variant: run it once per variant, in turn, twice.
+`unguarded` (float16 operands always; wrong past 65504, timed as the floor of the guard's
+cost). A kernel compiles once per process, so a process times one variant: run it once per
+variant, in turn, twice.
 Timing: benchmarks.peers.gpu_ms (L2 flushed, median of --reps rounds, ms).
 """
 
@@ -20,26 +21,15 @@ import argparse
 
 import cuda.tile as ct
 
-# shapes whose bfloat16 forward runs chunk_cumsum, fwd_pass_state and compute_out on an H200
-THREE_KERNEL_ROWS = {
-    "b1_16k_h24": (1, 16384, 24, 64, 128, 1, 256),
-    "b2_4k_h8_c128": (2, 4096, 8, 64, 128, 1, 128),
-    "b1_16k_h32_c64": (1, 16384, 32, 64, 128, 1, 64),
-    "b1_8k_h16": (1, 8192, 16, 64, 128, 1, 256),
-    "b2_8k_h8_n64_c128": (2, 8192, 8, 64, 64, 1, 128),
-    "b1_32k_h24": (1, 32768, 24, 64, 128, 1, 256),
-}
+from benchmarks.configs import ANCHORS, THREE_KERNEL_ROWS
+from kernels.arrays import mma_operand
 
 
 def _forward(config, dtype: str, **kw):
     """A call of ssd_forward on a row's inputs (x, B, C in `dtype`, D per head, final states)."""
-    import torch
-
     import kernels
-    from benchmarks.configs import row_inputs
-    a = {k: torch.from_dlpack(v) for k, v in row_inputs(config).items()}
-    for k in ("x", "B", "C"):
-        a[k] = a[k].to(getattr(torch, dtype))
+    from benchmarks.peers import row_tensors
+    a = row_tensors(config, dtype)
     args = (a["x"], a["dt"], a["A"], a["B"], a["C"], config[-1])
     return lambda: kernels.ssd_forward(*args, D=a["D"], return_final_states=True, **kw)
 
@@ -72,11 +62,9 @@ FLOAT16_MAX = 65504.0
 
 
 def _float16_operand(t, dtype):
-    if dtype == ct.bfloat16 or dtype == ct.float16:
+    if dtype == ct.float16:
         return t.astype(dtype)
-    if t.dtype == ct.tfloat32:
-        return t
-    return t.astype(ct.float32).astype(ct.tfloat32)
+    return mma_operand(t, dtype)
 
 
 def _unguarded_product(a, b, acc, dtype):
@@ -124,7 +112,6 @@ def products(variant: str, reps: int):
     _products(variant)
     import torch
 
-    from benchmarks.configs import ANCHORS
     from benchmarks.peers import gpu_ms
     out = []
     for name, config in {**ANCHORS, **dict(list(THREE_KERNEL_ROWS.items())[:2])}.items():

@@ -58,15 +58,21 @@ def gpu_ms(fn, reps: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
-def row_calls(name: str, dtype: str) -> dict:
-    """{implementation: call} of one row: cuTile, and each peer that imports."""
+def row_tensors(config, dtype: str) -> dict:
+    """A row's inputs (benchmarks.configs.row_inputs) as torch tensors, x, B, C in `dtype`."""
     import torch
-    import kernels
-    config = ANCHORS[name]
-    chunk_size = config[-1]
     a = {k: torch.from_dlpack(v) for k, v in row_inputs(config).items()}
     for k in ("x", "B", "C"):
         a[k] = a[k].to(getattr(torch, dtype))
+    return a
+
+
+def row_calls(name: str, dtype: str) -> dict:
+    """{implementation: call} of one row: cuTile, and each peer that imports."""
+    import kernels
+    config = ANCHORS[name]
+    chunk_size = config[-1]
+    a = row_tensors(config, dtype)
     args = (a["x"], a["dt"], a["A"], a["B"], a["C"], chunk_size)
     calls = {"cutile": lambda: kernels.ssd_forward(*args, D=a["D"], return_final_states=True)}
     try:
