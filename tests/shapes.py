@@ -12,10 +12,13 @@ import math
 import os
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from properties.bounds import U_TF32
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,11 @@ def on_backend(backend: str, arrays: dict) -> dict:
         return dict(arrays)
     if backend == "torch":
         import torch
-        move = lambda v: torch.from_numpy(v).cuda()  # noqa: E731
+
+        def move(v):  # torch has no NumPy bfloat16: its bits move as int16
+            if v.dtype == BFLOAT16:
+                return torch.from_numpy(v.view(np.int16)).view(torch.bfloat16).cuda()
+            return torch.from_numpy(v).cuda()
     else:
         import cupy
         move = cupy.asarray
@@ -162,8 +169,12 @@ def to_numpy(a) -> np.ndarray:
     """A host copy of a NumPy array, a CuPy array or a torch tensor (on any device)."""
     if hasattr(a, "get"):  # CuPy
         return a.get()
-    if hasattr(a, "detach"):  # torch: numpy() refuses CUDA tensors
-        return a.detach().cpu().numpy()
+    if hasattr(a, "detach"):  # torch: numpy() refuses CUDA tensors, and bfloat16 ones
+        import torch
+        a = a.detach().cpu()
+        if a.dtype == torch.bfloat16:
+            return a.view(torch.int16).numpy().view(BFLOAT16)
+        return a.numpy()
     return np.asarray(a)
 
 
