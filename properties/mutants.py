@@ -70,6 +70,12 @@ CATALOGUE = [
            "ct.float32), acc,",
            "the scan: the decayed weights keep 3 mantissa bits, an 8-bit float's, before their "
            "product"),
+    Mutant("scan_float16_c_b_on_tf32", "kernels/ssd_scan.py",
+           "if B.dtype == ct.bfloat16 or (B.dtype == ct.float16 and DSTATE >= "
+           "FLOAT16_CB_MIN_DSTATE):",
+           "if B.dtype == ct.bfloat16:",
+           "the scan: float16's C . B^T on TF32 operands at every dstate (exact, but the loop "
+           "spills and runs up to 1.8x slower)"),
     Mutant("scan_reset_missing", "kernels/ssd_scan.py",
            "carry = ct.where(seg_last == seg_before, carry, 0.0)", "carry = carry",
            "the scan: the state crosses a seq_idx boundary between token blocks"),

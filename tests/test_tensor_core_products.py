@@ -10,10 +10,11 @@ import pytest
 
 import cuda.tile as ct
 
-from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
+from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
 from kernels.compute_out import LAYOUTS, compute_out_choices, rules_choice
 from kernels.interpreter import record_mma_operands
-from shapes import CASES, make_inputs
+from kernels.ssd_scan import FLOAT16_CB_MIN_DSTATE
+from shapes import CASES, Case, make_inputs
 
 TENSOR_CORE_OPERANDS = (ct.tfloat32, ct.bfloat16, ct.float16)
 
@@ -82,3 +83,21 @@ def test_16_bit_inputs_take_the_products_of_their_dtype(case, dtype, operand):
     other = sorted({f"{x} x {y}" for x, y in products
                     if (x, y) not in ((want, want), (getattr(ct, dtype),) * 2)})
     assert not other, f"{len(other)} kind(s) of product without {operand} operands: {other}"
+
+
+@pytest.mark.properties
+@pytest.mark.parametrize("dstate, float16_operands", [
+    pytest.param(FLOAT16_CB_MIN_DSTATE, True, id="dstate_tile_at_the_rule"),
+    pytest.param(FLOAT16_CB_MIN_DSTATE // 2, False, id="dstate_tile_below_the_rule")])
+def test_float16_scan_c_b_operands_follow_the_dstate_rule(dstate, float16_operands):
+    """float16 inputs: the scan's C . B^T takes float16 operands from a dstate tile of
+    FLOAT16_CB_MIN_DSTATE (there TF32 ones spill and run the scan up to 1.8x slower), TF32 ones
+    below (benchmarks/DECISIONS.md "float16 products"). No bound can tell them apart: the
+    products are exact either way."""
+    import numpy as np
+    kw = make_inputs(Case("scan_float16", 1, 70, 2, 16, 1, dstate, 64))
+    x, B, C = (kw[k].astype(np.float16) for k in ("x", "B", "C"))
+    dt_out, dA_cumsum = chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"])
+    with record_mma_operands() as products:
+        ssd_scan(x, B, C, dt_out, dA_cumsum)
+    assert ((ct.float16, ct.float16) in products) == float16_operands, sorted(set(products))
