@@ -363,17 +363,18 @@ def _int64(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> bool:
 
 
 def compute_out_signature(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> tuple:
-    """What a launch's choice may depend on: the dtype, the dimensions, the options and the index
-    width (the key of a tuned choice, kernels.tuning_table)."""
-    return _signature(x, B, dt_out, D, z, seg,
+    """What a launch's choice may depend on: the inputs' and the chunk states' dtypes, the
+    dimensions, the options and the index width (the key of a tuned choice,
+    kernels.tuning_table)."""
+    return _signature(x, B, dt_out, chunk_states, D, z, seg,
                       _int64(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y))
 
 
-def _signature(x, B, dt_out, D, z, seg, int64: bool) -> tuple:
+def _signature(x, B, dt_out, chunk_states, D, z, seg, int64: bool) -> tuple:
     batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
-    return (dtype_name(x), batch, seqlen, nheads, headdim, int(B.shape[2]), int(B.shape[3]),
-            int(dt_out.shape[3]), D is not None, D is not None and len(D.shape) == 2,
-            z is not None, seg is not None, int64)
+    return (dtype_name(x), dtype_name(chunk_states), batch, seqlen, nheads, headdim,
+            int(B.shape[2]), int(B.shape[3]), int(dt_out.shape[3]), D is not None,
+            D is not None and len(D.shape) == 2, z is not None, seg is not None, int64)
 
 
 def compute_out_choices(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> list[Choice]:
@@ -449,7 +450,7 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
     int64 = needs_int64(*arrays, y, seg)
     given = choice is not None
     if not given and tuned:
-        entry = tuned.get(_signature(x, B, dt_out, D, z, seg, int64))
+        entry = tuned.get(_signature(x, B, dt_out, chunk_states, D, z, seg, int64))
         choice = None if entry is None else Choice(*entry)
     if choice is not None and choice not in _choices(x, B, dt_out, seg, int64):
         raise ValueError(f"{'choice' if given else 'tuned choice'}: {choice} is not one that "

@@ -22,7 +22,7 @@ from pathlib import Path
 import cuda.tile as ct
 
 ENV = "CUTILE_SSD_TUNING"
-FORMAT = 1  # the file's layout: {"format": 1, "tables": {device key: [{signature, choice}]}}
+FORMAT = 2  # the file's layout: {"format": 2, "tables": {device key: [{signature, choice}]}}
 _LOCK = threading.Lock()
 _TABLES: dict[str, dict[tuple, tuple]] = {}  # device key -> signature -> choice
 _LOADED: set[str] = set()  # files read into _TABLES
@@ -81,7 +81,8 @@ def _read(path: Path) -> dict[str, dict[tuple, tuple]]:
     try:
         data = json.loads(path.read_text())
         if data["format"] != FORMAT:
-            raise ValueError(f"format {data['format']!r}, not {FORMAT}")
+            raise ValueError(f"format {data['format']!r}, not {FORMAT}: its keys differ, "
+                             "tune again")
         return {key: {tuple(e["signature"]): tuple(e["choice"]) for e in entries}
                 for key, entries in data["tables"].items()}
     except (ValueError, KeyError, TypeError) as e:

@@ -136,6 +136,19 @@ def test_a_tuned_choice_overrides_the_rules_and_a_given_one_overrides_both():
                                                                                 False, 2]
 
 
+def test_a_choice_tuned_with_one_chunk_state_dtype_is_not_used_with_the_other():
+    """bfloat16 inputs keep their chunk states in float32 or bfloat16 (state_dtype): a search
+    times one of them, so its choice is keyed by the states' dtype too."""
+    narrow = stand_ins(Dims(4, 4096, 80, 64, 1, 128, 256), "bfloat16")  # bfloat16 states
+    wide = (*narrow[:5], SimpleNamespace(shape=narrow[5].shape, dtype="float32"), *narrow[6:])
+    rules = compute_out_launch(*narrow, H200_SMS)
+    assert launch_arg(rules[0], rules[2], "HEADS") == 1  # the rules: one head per program
+    tuned = {compute_out_signature(*wide): Choice("token_blocks", 2, 1)}
+    assert launch_arg(*compute_out_launch(*wide, H200_SMS, tuned)[::2], "HEADS") == 2
+    kernel, _, args = compute_out_launch(*narrow, H200_SMS, tuned)
+    assert kernel is rules[0] and launch_arg(kernel, args, "HEADS") == 1
+
+
 @pytest.mark.parametrize("choice", [
     Choice("whole_chunks", 1, 2),  # seq_idx: token blocks only
     Choice("token_blocks", 4, 2),  # 4 heads would span two groups of 2
