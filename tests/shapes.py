@@ -12,13 +12,11 @@ import math
 import os
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 from properties.bounds import U_TF32
-
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+from properties.checks import to_backend, to_host
 
 
 @dataclass(frozen=True)
@@ -149,33 +147,11 @@ def step_options(kw: dict) -> dict:
 
 def on_backend(backend: str, arrays: dict) -> dict:
     """`arrays` with every NumPy array moved to the backend's array type (CuPy for "gpu", torch
-    CUDA tensors for "torch")."""
+    CUDA tensors for "torch": properties.checks.to_backend, bfloat16 as its bits)."""
     if backend == "interpreter":
-        return dict(arrays)
-    if backend == "torch":
-        import torch
-
-        def move(v):  # torch has no NumPy bfloat16: its bits move as int16
-            if v.dtype == BFLOAT16:
-                return torch.from_numpy(v.view(np.int16)).view(torch.bfloat16).cuda()
-            return torch.from_numpy(v).cuda()
-    else:
-        import cupy
-        move = cupy.asarray
-    return {k: move(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
-
-
-def to_numpy(a) -> np.ndarray:
-    """A host copy of a NumPy array, a CuPy array or a torch tensor (on any device)."""
-    if hasattr(a, "get"):  # CuPy
-        return a.get()
-    if hasattr(a, "detach"):  # torch: numpy() refuses CUDA tensors, and bfloat16 ones
-        import torch
-        a = a.detach().cpu()
-        if a.dtype == torch.bfloat16:
-            return a.view(torch.int16).numpy().view(BFLOAT16)
-        return a.numpy()
-    return np.asarray(a)
+        return dict(arrays)  # as they are: strided views stay views
+    return {k: to_backend(v, backend) if isinstance(v, np.ndarray) else v
+            for k, v in arrays.items()}
 
 
 def check_within(name: str, got, ref, M, kappa: float, test_id: str, extra=0.0):
@@ -183,7 +159,7 @@ def check_within(name: str, got, ref, M, kappa: float, test_id: str, extra=0.0):
     worst err / (U_TF32 * M) to $SSD_ERR_LOG when set (a GPU run keeps it with its results).
 
     `extra`: the bounds module's terms outside the relative count (decay_term, ftz_floor)."""
-    got = to_numpy(got).astype(np.float64)
+    got = to_host(got).astype(np.float64)
     err = np.abs(got - ref)
     bound = kappa * U_TF32 * M + extra
     bad = ~(err <= bound)  # NaN in got fails too

@@ -6,7 +6,8 @@ import pytest
 import reference as R
 from kernels import chunk_cumsum
 from properties.bounds import chunk_cumsum_bound
-from shapes import BACKENDS, CASES, make_inputs, on_backend, step_options, to_numpy
+from properties.checks import to_host
+from shapes import BACKENDS, CASES, make_inputs, on_backend, step_options
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
@@ -19,7 +20,7 @@ def test_chunk_cumsum_matches_reference(case, backend):
     dt_ref, dA_ref = R.chunk_cumsum_ref(kw["dt"], kw["A"], case.chunk_size, **steps)
     args = on_backend(backend, dict(dt=kw["dt"], A=kw["A"], **steps))
     dt_out, dA_cumsum = chunk_cumsum(chunk_size=case.chunk_size, **args)
-    dt_out, dA_cumsum = to_numpy(dt_out), to_numpy(dA_cumsum)
+    dt_out, dA_cumsum = to_host(dt_out), to_host(dA_cumsum)
     assert dt_out.shape == dt_ref.shape and dA_cumsum.shape == dA_ref.shape
     dt_bound, dA_bound = chunk_cumsum_bound(dt_ref, dA_ref, case.chunk_size)
     assert np.all(np.abs(dt_out - dt_ref) <= dt_bound), np.max(np.abs(dt_out - dt_ref) / dt_ref)

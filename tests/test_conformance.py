@@ -25,7 +25,8 @@ import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from kernels.interpreter import launch
 from properties import bounds
-from shapes import Case, make_inputs, on_backend, step_options, to_numpy
+from properties.checks import to_host
+from shapes import Case, make_inputs, on_backend, step_options
 from test_interpreter import (BF16_CASES, CAST_DTYPES, MMA_DTYPES, PADDINGS, TF32_CASES, U32,
                               _causal_decay_kernel, _copy_2d_kernel, _cumsum_kernel, _grid_kernel,
                               _loop_kernel, _mma_kernel, _pad_kernel, _roundtrip_kernel,
@@ -52,7 +53,7 @@ def run_both(grid, kernel, args):
     ct.launch(cupy.cuda.get_current_stream(), grid, kernel, gpu)
     cupy.cuda.get_current_stream().synchronize()
     arrays = [i for i, a in enumerate(args) if isinstance(a, np.ndarray)]
-    return [cpu[i] for i in arrays], [to_numpy(gpu[i]) for i in arrays]
+    return [cpu[i] for i in arrays], [to_host(gpu[i]) for i in arrays]
 
 
 def assert_identical(cpu, gpu, what):
@@ -240,7 +241,7 @@ def test_chunk_cumsum_conforms(case):
     kw = make_inputs(case)
     cs = case.chunk_size
     dt_cpu, dA_cpu = chunk_cumsum(kw["dt"], kw["A"], cs, **step_options(kw))
-    dt_gpu, dA_gpu = (to_numpy(a) for a in chunk_cumsum(
+    dt_gpu, dA_gpu = (to_host(a) for a in chunk_cumsum(
         _gpu(kw["dt"]), _gpu(kw["A"]), cs, **on_backend("gpu", step_options(kw))))
     if case.dt == "plain":  # the processed dt is the raw dt, clamped at (0, inf): exact
         assert_identical(dt_cpu, dt_gpu, "dt_out")
@@ -259,7 +260,7 @@ def test_fwd_pass_state_conforms(case):
     dt_out, dA = chunk_cumsum(kw["dt"], kw["A"], case.chunk_size, **step_options(kw))
     init, seq_idx = kw.get("initial_states"), kw.get("seq_idx")
     states_cpu, final_cpu = fwd_pass_state(kw["x"], kw["B"], dt_out, dA, init, seq_idx)
-    states_gpu, final_gpu = (to_numpy(a) for a in fwd_pass_state(
+    states_gpu, final_gpu = (to_host(a) for a in fwd_pass_state(
         _gpu(kw["x"]), _gpu(kw["B"]), _gpu(dt_out), _gpu(dA), _gpu(init), _gpu(seq_idx)))
     # the state entering chunk 0 is a copy of initial_states (or zeros) on both
     assert_identical(states_cpu[:, 0], states_gpu[:, 0], "chunk_states[:, 0]")
@@ -280,7 +281,7 @@ def test_compute_out_conforms(case):
                                kw.get("seq_idx"))
     opts = {k: kw.get(k) for k in ("D", "z", "seq_idx")}
     y_cpu = compute_out(kw["x"], kw["B"], kw["C"], dt_out, dA, states, **opts)
-    y_gpu = to_numpy(compute_out(*(_gpu(a) for a in (kw["x"], kw["B"], kw["C"], dt_out, dA, states)),
+    y_gpu = to_host(compute_out(*(_gpu(a) for a in (kw["x"], kw["B"], kw["C"], dt_out, dA, states)),
                                  **{k: _gpu(v) for k, v in opts.items()}))
     M = R.compute_out_magnitude(kw["x"], kw["B"], kw["C"], dt_out, dA, states, **opts)
     k = bounds.kappa("compute_out", case.seqlen, case.chunk_size, case.dstate)
@@ -291,7 +292,7 @@ def test_compute_out_conforms(case):
 def test_ssd_forward_conforms(case):
     kw = make_inputs(case)
     y_cpu, final_cpu = ssd_forward(**kw, return_final_states=True)
-    y_gpu, final_gpu = (to_numpy(a) for a in ssd_forward(**on_backend("gpu", kw),
+    y_gpu, final_gpu = (to_host(a) for a in ssd_forward(**on_backend("gpu", kw),
                                                          return_final_states=True))
     _, _, b = expected(kw)
     u = bounds.U_TF32

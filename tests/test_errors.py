@@ -10,8 +10,8 @@ import pytest
 import contract
 from kernels import chunk_cumsum, compute_out, errors, raise_pending_errors, ssd_forward
 from kernels.compute_out import compute_out_choices
-from properties.checks import to_backend
-from shapes import Case, make_inputs, to_numpy
+from properties.checks import to_backend, to_host
+from shapes import Case, make_inputs
 
 CASE = Case("errors", 2, 40, 3, 8, 1, 8, 16, D="head", dt="softplus")
 BACKENDS = ["interpreter", pytest.param("gpu", marks=pytest.mark.gpu),
@@ -53,7 +53,7 @@ def inputs(backend, case=CASE):
 
 
 def with_bad(kw, name, index, value):
-    bad = to_numpy(kw[name]).copy()
+    bad = to_host(kw[name]).copy()
     bad[index] = value
     return dict(kw, **{name: to_backend(bad, backend_of(kw[name]))})
 
@@ -63,10 +63,10 @@ def with_bad(kw, name, index, value):
 def test_a_bad_value_gives_nan_outputs_and_a_named_error_later(backend, name, index, value,
                                                                heads):
     kw = inputs(backend)
-    y_good, final_good = (to_numpy(a) for a in ssd_forward(**kw, return_final_states=True))
+    y_good, final_good = (to_host(a) for a in ssd_forward(**kw, return_final_states=True))
     y, final = ssd_forward(**with_bad(kw, name, index, value), return_final_states=True,
                            check_values=False)
-    y, final = to_numpy(y), to_numpy(final)
+    y, final = to_host(y), to_host(final)
     others = [h for h in range(CASE.nheads) if h not in heads]
     assert np.isnan(y[:, :, heads]).all()
     # the other heads are untouched: bit-identical to the good call's
@@ -80,7 +80,7 @@ def test_a_bad_value_gives_nan_outputs_and_a_named_error_later(backend, name, in
         raise_pending_errors()
     # reported once: the next good call is not blamed and gives the good call's results
     y_after = ssd_forward(**kw)
-    assert np.array_equal(to_numpy(y_after), y_good)
+    assert np.array_equal(to_host(y_after), y_good)
     raise_pending_errors()
 
 
@@ -91,8 +91,8 @@ def test_a_bad_channel_of_D_gives_nan_in_that_channel_alone(backend):
     makes that channel's y NaN in every chunk and batch element."""
     case = Case("errors_D_channel", 2, 70, 4, 70, 2, 8, 16, D="channel")
     kw = inputs(backend, case)
-    y_good = to_numpy(ssd_forward(**kw))
-    y = to_numpy(ssd_forward(**with_bad(kw, "D", (3, 66), math.inf), check_values=False))
+    y_good = to_host(ssd_forward(**kw))
+    y = to_host(ssd_forward(**with_bad(kw, "D", (3, 66), math.inf), check_values=False))
     assert np.isnan(y[..., 3, 66]).all()
     y[..., 3, 66] = y_good[..., 3, 66]
     assert np.array_equal(y, y_good)
@@ -129,7 +129,7 @@ def test_the_interpreter_checks_on_the_host_at_once_by_default():
 def test_chunk_cumsum_alone_reports_its_bad_heads(backend):
     kw = inputs(backend)
     bad = with_bad(with_bad(kw, "A", 0, math.nan), "dt_bias", 2, math.inf)
-    dt_out, dA = (to_numpy(a) for a in chunk_cumsum(
+    dt_out, dA = (to_host(a) for a in chunk_cumsum(
         bad["dt"], bad["A"], 16, bad["dt_bias"], True, kw["dt_limit"], check_values=False))
     assert np.isnan(dt_out[:, [0, 2]]).all() and np.isnan(dA[:, [0, 2]]).all()
     assert np.isfinite(dt_out[:, 1]).all() and np.isfinite(dA[:, 1]).all()
@@ -152,7 +152,7 @@ def test_compute_out_reports_a_bad_D_in_every_choice(backend):
                                   None, kw["x"])
     assert {c.layout for c in choices} == {"token_blocks", "whole_chunks"}
     for choice in choices:
-        y = to_numpy(compute_out(kw["x"], kw["B"], kw["C"], dt_out, dA, states, D=bad["D"],
+        y = to_host(compute_out(kw["x"], kw["B"], kw["C"], dt_out, dA, states, D=bad["D"],
                                  check_values=False, choice=choice))
         assert np.isnan(y[..., 2, 5]).all(), choice
         y[..., 2, 5] = 0.0

@@ -17,9 +17,9 @@ from kernels.fwd_pass_state import MODES
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from kernels.ssd_forward import launch_plan
 from properties.bounds import narrow_output_bound
-from properties.checks import check_close, forward_bounds
+from properties.checks import check_close, forward_bounds, to_host
 from properties.strategies import Problem
-from shapes import BACKENDS, CASES, make_inputs, on_backend, step_options, to_numpy
+from shapes import BACKENDS, CASES, make_inputs, on_backend, step_options
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
 
@@ -49,7 +49,7 @@ def expected(kw: dict, dtype: str):
 @pytest.mark.parametrize("case_id", NARROW_CASES)
 def test_float16_inputs_within_narrow_bound(case_id, backend):
     kw = narrow(make_inputs(BY_ID[case_id]), lambda a: a.astype(np.float16))
-    y, final = (to_numpy(a) for a in ssd_forward(**on_backend(backend, kw),
+    y, final = (to_host(a) for a in ssd_forward(**on_backend(backend, kw),
                                                    return_final_states=True))
     assert y.dtype == np.float16 and final.dtype == np.float32
     y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "float16")
@@ -172,20 +172,20 @@ def test_float16_products_past_float16_range_stay_within_bound(regime, backend):
     y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "float16")
     assert np.max(np.abs(y_ref)) < 2.0 ** 15  # y itself fits float16
     on = on_backend(backend, kw)
-    y, final = (to_numpy(a) for a in ssd_forward(**on, return_final_states=True))
+    y, final = (to_host(a) for a in ssd_forward(**on, return_final_states=True))
     check_close(f"{regime}: forward y", y, y_ref, y_bound, b.M, p, floor=b.floor)
     check_close(f"{regime}: forward final_states", final, final_ref, final_bound, b.final_M, p,
                 floor=b.floor)
     dt_out, dA_cumsum = chunk_cumsum(on["dt"], on["A"], kw["chunk_size"])
     chunk_states, final = fwd_pass_state(on["x"], on["B"], dt_out, dA_cumsum)
     y = compute_out(on["x"], on["B"], on["C"], dt_out, dA_cumsum, chunk_states)
-    check_close(f"{regime}: three stages y", to_numpy(y), y_ref, y_bound, b.M, p,
+    check_close(f"{regime}: three stages y", to_host(y), y_ref, y_bound, b.M, p,
                 floor=b.floor)
-    check_close(f"{regime}: three stages final_states", to_numpy(final), final_ref, final_bound,
+    check_close(f"{regime}: three stages final_states", to_host(final), final_ref, final_bound,
                 b.final_M, p, floor=b.floor)
     row = {k: v[:1] if k in ("x", "dt", "B", "C") else v for k, v in on.items()}
     cu = on_backend(backend, {"cu": np.array([0, kw["x"].shape[1]], np.int32)})["cu"]
-    y, states = (to_numpy(a) for a in ssd_forward(**row, cu_seqlens=cu,
+    y, states = (to_host(a) for a in ssd_forward(**row, cu_seqlens=cu,
                                                     return_varlen_states=True))
     check_close(f"{regime}: packed y", y, y_ref[:1], y_bound[:1], b.M[:1], p,
                 floor=b.floor)
@@ -214,17 +214,17 @@ def test_bfloat16_chunk_states_within_bound(backend):
         choice = fwd_pass_state_rules(1, 2, 100, 200, 128, 1)._replace(mode=mode)
         states, final = fwd_pass_state(on["x"], on["B"], dt_out, dA_cumsum, on["initial_states"],
                                        on["seq_idx"], choice=choice, state_dtype=dtype)
-        final = to_numpy(final)
-        assert to_numpy(states).dtype == narrow_dtype and final.dtype == np.float32
+        final = to_host(final)
+        assert to_host(states).dtype == narrow_dtype and final.dtype == np.float32
         y = compute_out(on["x"], on["B"], on["C"], dt_out, dA_cumsum, states,
                         seq_idx=on["seq_idx"])
-        check_close(f"{mode}: y", to_numpy(y).astype(np.float64), y_ref, y_bound, b.M, p,
+        check_close(f"{mode}: y", to_host(y).astype(np.float64), y_ref, y_bound, b.M, p,
                     floor=b.floor)
         check_close(f"{mode}: final_states", final, final_ref, b.final, b.final_M, p,
                     floor=b.floor)
     plan = launch_plan(**on, state_dtype=narrow_dtype)
     assert ("chunk_states", p.dims.shape("chunk_states"), True) in plan.outputs  # x's dtype
-    y, final = (to_numpy(a) for a in ssd_forward(**on, return_final_states=True,
+    y, final = (to_host(a) for a in ssd_forward(**on, return_final_states=True,
                                                    state_dtype=narrow_dtype))
     check_close("forward y", y.astype(np.float64), y_ref, y_bound, b.M, p, floor=b.floor)
     check_close("forward final_states", final, final_ref, b.final, b.final_M, p,

@@ -12,9 +12,9 @@ from contract import Dims
 from kernels import ssd_forward
 from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts
 from properties.bounds import kappa
-from properties.checks import forward_bounds
+from properties.checks import forward_bounds, to_host
 from properties.strategies import Problem
-from shapes import BACKENDS, CASES, Case, check_within, make_inputs, on_backend, to_numpy
+from shapes import BACKENDS, CASES, Case, check_within, make_inputs, on_backend
 
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")
@@ -48,7 +48,7 @@ def test_ssd_forward_returns_y_alone_by_default(backend):
     kw = on_backend(backend, make_inputs(SMALL))
     y = ssd_forward(**kw)
     y2, _ = ssd_forward(**kw, return_final_states=True)
-    assert np.array_equal(to_numpy(y), to_numpy(y2))
+    assert np.array_equal(to_host(y), to_host(y2))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -75,15 +75,15 @@ def test_noncontiguous_inputs_read_correctly(backend):
         dev_views["C"] = cupy.asarray(wide)[..., 1::2]
     y_views, f_views = ssd_forward(**dev_views, return_final_states=True)
     y_copies, f_copies = ssd_forward(**on_backend(backend, copies), return_final_states=True)
-    assert np.array_equal(to_numpy(y_views), to_numpy(y_copies))
-    assert np.array_equal(to_numpy(f_views), to_numpy(f_copies))
+    assert np.array_equal(to_host(y_views), to_host(y_copies))
+    assert np.array_equal(to_host(f_views), to_host(f_copies))
 
 
 @pytest.mark.gpu
 def test_cupy_on_a_nondefault_stream():
     import cupy
     kw = make_inputs(SMALL)
-    want = to_numpy(ssd_forward(**on_backend("gpu", kw)))
+    want = to_host(ssd_forward(**on_backend("gpu", kw)))
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         y = ssd_forward(**on_backend("gpu", kw))
@@ -96,7 +96,7 @@ def test_cupy_on_a_nondefault_stream():
 def test_torch_cuda_tensors_in_torch_tensors_out_on_the_current_stream():
     torch = pytest.importorskip("torch")
     kw = make_inputs(SMALL)
-    want_y, want_f = (to_numpy(a) for a in
+    want_y, want_f = (to_host(a) for a in
                       ssd_forward(**on_backend("gpu", kw), return_final_states=True))
     tkw = on_backend("torch", kw)
     stream = torch.cuda.Stream()
@@ -104,8 +104,8 @@ def test_torch_cuda_tensors_in_torch_tensors_out_on_the_current_stream():
         y, f = ssd_forward(**tkw, return_final_states=True)
     stream.synchronize()
     assert isinstance(y, torch.Tensor) and y.is_cuda and y.dtype == torch.float32
-    assert np.array_equal(to_numpy(y), want_y)
-    assert np.array_equal(to_numpy(f), want_f)
+    assert np.array_equal(to_host(y), want_y)
+    assert np.array_equal(to_host(f), want_f)
 
 
 # batch slices (kernels.ssd_forward.BATCH_PARTS): every option, batch 3 so that a split is uneven
@@ -119,9 +119,9 @@ def test_batch_slices_give_the_whole_batch_result_bit_for_bit(backend, parts):
     """Each batch element's programs are the same whether its slice or the whole batch is
     launched (on the GPU the slices on concurrent streams): the results are identical."""
     kw = on_backend(backend, make_inputs(SLICED))
-    want_y, want_f = (to_numpy(a) for a in ssd_forward(**kw, return_final_states=True,
+    want_y, want_f = (to_host(a) for a in ssd_forward(**kw, return_final_states=True,
                                                         batch_parts=1))
-    y, f = (to_numpy(a) for a in ssd_forward(**kw, return_final_states=True, batch_parts=parts))
+    y, f = (to_host(a) for a in ssd_forward(**kw, return_final_states=True, batch_parts=parts))
     assert np.array_equal(y, want_y) and np.array_equal(f, want_f)
     assert not np.isnan(y).any()
 
@@ -140,7 +140,7 @@ def test_batch_slices_fork_from_and_join_into_the_callers_stream(busy):
     import cupy
     from kernels.arrays import _side_stream
     kw = make_inputs(SLICED)
-    want = to_numpy(ssd_forward(**on_backend("gpu", kw), batch_parts=1))
+    want = to_host(ssd_forward(**on_backend("gpu", kw), batch_parts=1))
     dev = on_backend("gpu", kw)
     stale = cupy.asarray(make_inputs(SLICED, seed=1)["x"])
     work = cupy.empty(BUSY_BYTES, dtype=cupy.uint8)
@@ -163,13 +163,13 @@ def test_batch_slices_fork_from_and_join_into_the_callers_stream(busy):
 def test_batch_slices_in_torch_on_its_current_stream():
     torch = pytest.importorskip("torch")
     kw = make_inputs(SLICED)
-    want = to_numpy(ssd_forward(**on_backend("gpu", kw), batch_parts=1))
+    want = to_host(ssd_forward(**on_backend("gpu", kw), batch_parts=1))
     tkw = on_backend("torch", kw)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         y = ssd_forward(**tkw, batch_parts=2)
     stream.synchronize()
-    assert isinstance(y, torch.Tensor) and np.array_equal(to_numpy(y), want)
+    assert isinstance(y, torch.Tensor) and np.array_equal(to_host(y), want)
 
 
 @pytest.mark.parametrize("dims, itemsize, kind, given, parts", [
@@ -267,7 +267,7 @@ def test_seqlen_2_pow_20_beyond_int32_offsets(request):
         kw = dict(x=x[:, window].get(), dt=dt[:, window].get(), A=A.get(), B=B[:, window].get(),
                   C=C[:, window].get(), chunk_size=cs, D=D.get())
         y_ref, final_ref, b = expected(kw)
-        got = to_numpy(y[:, window])[:, compared]
+        got = to_host(y[:, window])[:, compared]
         check_within(f"y_{name}_window", got, y_ref[:, compared], b.M[:, compared], kap,
                      request.node.name, b.extra_y[:, compared])
         if name == "last":

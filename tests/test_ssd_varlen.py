@@ -13,7 +13,7 @@ import reference as R
 from kernels import raise_pending_errors, ssd_forward
 from properties.bounds import KAPPA
 from properties.checks import outputs_filled_with, to_backend, to_host
-from shapes import BACKENDS, check_within, on_backend, recorded_launches, to_numpy
+from shapes import BACKENDS, check_within, on_backend, recorded_launches
 
 CHUNK = 16
 # an empty sequence first, lengths 1, chunk - 1, chunk, chunk + 1, an empty one in the middle,
@@ -69,7 +69,7 @@ def test_packed_row_matches_separate_sequences(backend, options, request):
     init = kw.get("initial_states")
     for k in empty:  # an empty sequence's state is its initial state (or zeros), untouched
         want = init[k] if init is not None else np.zeros_like(states_ref[k])
-        assert np.array_equal(to_numpy(states)[k], want)
+        assert np.array_equal(to_host(states)[k], want)
 
 
 def test_return_value_follows_mamba_ssm():
