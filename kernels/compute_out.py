@@ -476,9 +476,8 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     """y, (batch, seqlen, nheads, headdim) in x's dtype, of the caller's array type:
     carried-state term + (C B^T o L)(dt x) + D x, then the z gate. x, B, C, z: float32, bfloat16
     or float16, all alike; chunk_states float32, or bfloat16 for bfloat16 inputs (read as it
-    is); the rest float32.
-    `check_values`: as in ssd_forward (a channel with a
-    D that is not finite gets NaN).
+    is); the rest float32. `check_values`: as in ssd_forward (a channel with a D that is not
+    finite gets NaN).
     `choice`: the Choice to launch (one of compute_out_choices for these arrays, else a
     ValueError before any launch) instead of the device's tuned one or the rules'."""
     backend = backend_of(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum,

@@ -232,11 +232,10 @@ def float64_chunked_rel(chunk_size: int, dA_cumsum) -> float:
 # Narrow inputs (x, B, C, z in bfloat16 or float16; dt, A, D, dt_bias, initial_states float32;
 # y in the inputs' dtype): the derivation
 # ------------------------------------------------------------------------------------------
-# The bound of the float32 result is kappa's for 16-bit inputs (above: "16-bit products"). So with y_ref
-# the float64 forward of the narrow inputs' own values (upcast, not the float32 data they were
-# rounded from), the float32 result y32 the kernel holds before its store satisfies that bound
-# b: |y32 - y_ref| <= b. The store
-# rounds y32 to the narrow format, to nearest:
+# The bound of the float32 result is kappa's for 16-bit inputs (above: "16-bit products"). So
+# with y_ref the float64 forward of the narrow inputs' own values (upcast, not the float32 data
+# they were rounded from), the float32 result y32 the kernel holds before its store satisfies
+# that bound b: |y32 - y_ref| <= b. The store rounds y32 to the narrow format, to nearest:
 #     |y - y32| <= u_narrow * |y32| <= u_narrow * (|y_ref| + b)
 # (u_bf16 = 2^-8: 7 explicit mantissa bits; u_fp16 = 2^-11: 10 bits), plus, below the normal
 # range, half the subnormal spacing in absolute terms (float16 below 2^-14: 2^-25; bfloat16 has

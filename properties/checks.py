@@ -31,8 +31,7 @@ from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
-                               decay_term, ftz_floor, kappa, narrow_output_bound,
-                               tf32_bound)
+                               decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
 from properties.profiles import buckets, caps
 from properties.strategies import Problem, problems
 
