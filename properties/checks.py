@@ -367,7 +367,8 @@ def _fp16_forward_within_bound(what: str, q: Problem, backend: str) -> dict:
                               floor=b.floor))
 
 
-# how far past float16's largest finite value _weights_past_float16 pushes the largest weight
+# how far past float16's largest finite value a pushed operand goes (twice its range: it must
+# overflow, not graze it): _weights_past_float16's largest weight, and test_narrow_inputs' operands
 FP16_PUSH = 2.0 ** 17
 
 

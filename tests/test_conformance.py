@@ -282,7 +282,7 @@ def test_compute_out_conforms(case):
     opts = {k: kw.get(k) for k in ("D", "z", "seq_idx")}
     y_cpu = compute_out(kw["x"], kw["B"], kw["C"], dt_out, dA, states, **opts)
     y_gpu = to_host(compute_out(*(_gpu(a) for a in (kw["x"], kw["B"], kw["C"], dt_out, dA, states)),
-                                 **{k: _gpu(v) for k, v in opts.items()}))
+                                **{k: _gpu(v) for k, v in opts.items()}))
     M = R.compute_out_magnitude(kw["x"], kw["B"], kw["C"], dt_out, dA, states, **opts)
     k = bounds.kappa("compute_out", case.seqlen, case.chunk_size, case.dstate)
     assert_close(y_cpu, y_gpu, 2 * bounds.tf32_bound(M, k), bounds.U_TF32 * M, f"{case.id} y (u M)")
@@ -293,7 +293,7 @@ def test_ssd_forward_conforms(case):
     kw = make_inputs(case)
     y_cpu, final_cpu = ssd_forward(**kw, return_final_states=True)
     y_gpu, final_gpu = (to_host(a) for a in ssd_forward(**on_backend("gpu", kw),
-                                                         return_final_states=True))
+                                                        return_final_states=True))
     _, _, b = expected(kw)
     u = bounds.U_TF32
     assert_close(y_cpu, y_gpu, 2 * b.y, u * b.M, f"{case.id} ssd_forward y (u M)")

@@ -153,7 +153,7 @@ def test_compute_out_reports_a_bad_D_in_every_choice(backend):
     assert {c.layout for c in choices} == {"token_blocks", "whole_chunks"}
     for choice in choices:
         y = to_host(compute_out(kw["x"], kw["B"], kw["C"], dt_out, dA, states, D=bad["D"],
-                                 check_values=False, choice=choice))
+                                check_values=False, choice=choice))
         assert np.isnan(y[..., 2, 5]).all(), choice
         y[..., 2, 5] = 0.0
         assert np.isfinite(y).all(), choice

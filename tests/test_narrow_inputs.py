@@ -17,7 +17,7 @@ from kernels.fwd_pass_state import MODES
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from kernels.ssd_forward import launch_plan
 from properties.bounds import narrow_output_bound
-from properties.checks import check_close, forward_bounds, to_host
+from properties.checks import FP16_PUSH, check_close, forward_bounds, to_host
 from properties.strategies import Problem
 from shapes import BACKENDS, CASES, make_inputs, on_backend, step_options
 
@@ -50,7 +50,7 @@ def expected(kw: dict, dtype: str):
 def test_float16_inputs_within_narrow_bound(case_id, backend):
     kw = narrow(make_inputs(BY_ID[case_id]), lambda a: a.astype(np.float16))
     y, final = (to_host(a) for a in ssd_forward(**on_backend(backend, kw),
-                                                   return_final_states=True))
+                                                return_final_states=True))
     assert y.dtype == np.float16 and final.dtype == np.float32
     y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "float16")
     check_close("y", y, y_ref, y_bound, b.M, p)
@@ -134,7 +134,6 @@ PAST_FLOAT16 = {
     "state": ((10, 6, -14), (0.5, 1.0)),
     "scaled_x": ((14, -10, -8), (2.5, 5.0)),
 }
-FLOAT16_PAST = 2.0 ** 17  # twice float16's range: the operand must overflow, not graze it
 
 
 def _past_float16_inputs(regime: str) -> dict:
@@ -168,7 +167,7 @@ def test_float16_products_past_float16_range_stay_within_bound(regime, backend):
     the float16 bound where a computed operand passes float16's range (a product that rounded
     it to float16 would make it inf)."""
     kw = _past_float16_inputs(regime)
-    assert _past_operand(regime, kw) >= FLOAT16_PAST  # the regime reaches past the range
+    assert _past_operand(regime, kw) >= FP16_PUSH  # the regime reaches past the range
     y_ref, final_ref, y_bound, final_bound, b, p = expected(kw, "float16")
     assert np.max(np.abs(y_ref)) < 2.0 ** 15  # y itself fits float16
     on = on_backend(backend, kw)
@@ -186,7 +185,7 @@ def test_float16_products_past_float16_range_stay_within_bound(regime, backend):
     row = {k: v[:1] if k in ("x", "dt", "B", "C") else v for k, v in on.items()}
     cu = on_backend(backend, {"cu": np.array([0, kw["x"].shape[1]], np.int32)})["cu"]
     y, states = (to_host(a) for a in ssd_forward(**row, cu_seqlens=cu,
-                                                    return_varlen_states=True))
+                                                 return_varlen_states=True))
     check_close(f"{regime}: packed y", y, y_ref[:1], y_bound[:1], b.M[:1], p,
                 floor=b.floor)
     check_close(f"{regime}: packed state", states, final_ref[:1], final_bound[:1],
@@ -225,7 +224,7 @@ def test_bfloat16_chunk_states_within_bound(backend):
     plan = launch_plan(**on, state_dtype=narrow_dtype)
     assert ("chunk_states", p.dims.shape("chunk_states"), True) in plan.outputs  # x's dtype
     y, final = (to_host(a) for a in ssd_forward(**on, return_final_states=True,
-                                                   state_dtype=narrow_dtype))
+                                                state_dtype=narrow_dtype))
     check_close("forward y", y.astype(np.float64), y_ref, y_bound, b.M, p, floor=b.floor)
     check_close("forward final_states", final, final_ref, b.final, b.final_M, p,
                 floor=b.floor)

@@ -120,7 +120,7 @@ def test_batch_slices_give_the_whole_batch_result_bit_for_bit(backend, parts):
     launched (on the GPU the slices on concurrent streams): the results are identical."""
     kw = on_backend(backend, make_inputs(SLICED))
     want_y, want_f = (to_host(a) for a in ssd_forward(**kw, return_final_states=True,
-                                                        batch_parts=1))
+                                                      batch_parts=1))
     y, f = (to_host(a) for a in ssd_forward(**kw, return_final_states=True, batch_parts=parts))
     assert np.array_equal(y, want_y) and np.array_equal(f, want_f)
     assert not np.isnan(y).any()
