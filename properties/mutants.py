@@ -75,7 +75,7 @@ CATALOGUE = [
            "FLOAT16_CB_MIN_DSTATE):",
            "if B.dtype == ct.bfloat16:",
            "the scan: float16's C . B^T on TF32 operands at every dstate (exact, but the loop "
-           "spills and runs up to 1.8x slower)"),
+           "spills and runs slower)"),
     Mutant("scan_reset_missing", "kernels/ssd_scan.py",
            "carry = ct.where(seg_last == seg_before, carry, 0.0)", "carry = carry",
            "the scan: the state crosses a seq_idx boundary between token blocks"),

@@ -91,9 +91,9 @@ def test_16_bit_inputs_take_the_products_of_their_dtype(case, dtype, operand):
     pytest.param(FLOAT16_CB_MIN_DSTATE // 2, False, id="dstate_tile_below_the_rule")])
 def test_float16_scan_c_b_operands_follow_the_dstate_rule(dstate, float16_operands):
     """float16 inputs: the scan's C . B^T takes float16 operands from a dstate tile of
-    FLOAT16_CB_MIN_DSTATE (there TF32 ones spill and run the scan up to 1.8x slower), TF32 ones
-    below (benchmarks/DECISIONS.md "float16 products"). No bound can tell them apart: the
-    products are exact either way."""
+    FLOAT16_CB_MIN_DSTATE (there TF32 ones spill and slow the scan down), TF32 ones below
+    (benchmarks/DECISIONS.md "float16 products"). No bound can tell them apart: the products are
+    exact either way."""
     import numpy as np
     kw = make_inputs(Case("scan_float16", 1, 70, 2, 16, 1, dstate, 64))
     x, B, C = (kw[k].astype(np.float16) for k in ("x", "B", "C"))
