@@ -44,9 +44,11 @@ CHUNK_SIZES = (16, 32, 64, 128, 256)
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
-# The dtypes the kernels read the activations x, B, C, z in (the four of one call alike); every
-# other float input is float32, and so are the states, but for the chunk states, which may be
-# stored in bfloat16 for bfloat16 activations (state_dtype_name).
+# The dtypes the kernels read the activations x, B, C, z in (the four of one call alike). The
+# other float inputs of the forward, dt, A, dt_bias, D and initial_states, are float32 or the
+# activations' dtype, each on its own (weight_dtypes: read and widened to float32 in the
+# kernels, as mamba_ssm reads them); the states are float32, but for the chunk states, which
+# may be stored in bfloat16 for bfloat16 activations (state_dtype_name).
 ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -83,6 +85,35 @@ def dtype_name(a) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return name
+
+
+def weight_dtypes(x) -> tuple[str, ...]:
+    """The dtypes the kernels take dt, A, dt_bias, D and initial_states in, for activations
+    like x (x itself, for chunk_cumsum alone: dt): float32, and x's dtype where it is 16-bit."""
+    name = dtype_name(x)
+    return ("float32",) if name == "float32" else ("float32", name)
+
+
+def kernel_layout(a) -> bool:
+    """Whether the kernels take array `a` as it is, without a copy: every stride non-negative
+    and the last dimension of unit stride (or extent 1), as views of one projection are (torch,
+    CuPy and NumPy alike; cuTile specializes each launch on the strides' divisibility). Any
+    other layout is copied to C-contiguous first (a named copy of the launch plan)."""
+    shape, strides = tuple(int(n) for n in a.shape), element_strides(a)
+    return all(s >= 0 for s in strides) and (not shape or shape[-1] == 1 or strides[-1] == 1)
+
+
+def element_strides(a) -> tuple[int, ...]:
+    """An array's strides in elements: torch's stride(), NumPy's and CuPy's bytes divided by
+    the item size; C-contiguous ones for a stand-in with a shape alone."""
+    if callable(getattr(a, "stride", None)):  # torch
+        return tuple(int(s) for s in a.stride())
+    strides = getattr(a, "strides", None)
+    if strides is None:
+        shape = tuple(int(n) for n in a.shape)
+        return tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
+    itemsize = getattr(a, "itemsize", None) or a.dtype.itemsize
+    return tuple(int(s) // itemsize for s in strides)
 
 
 def state_dtypes(x) -> tuple[str, ...]:
@@ -348,10 +379,12 @@ def _chunked_dims(x, B, dt_out, dA_cumsum, float_dtypes, activation_dtypes) -> D
     _shape("dt_out", dt_out, 4)
     chunk_size = check_chunk_size(int(dt_out.shape[3]))
     dims = Dims(batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)
+    # chunk_cumsum's outputs: float32 for the kernels (activation_dtypes given)
+    outputs = float_dtypes if activation_dtypes is None else ("float32",)
     _expect("dt_out", dt_out, dims.shape("dt_out"))
-    _float("dt_out", dt_out, float_dtypes)
+    _float("dt_out", dt_out, outputs)
     _expect("dA_cumsum", dA_cumsum, dims.shape("dA_cumsum"))
-    _float("dA_cumsum", dA_cumsum, float_dtypes)
+    _float("dA_cumsum", dA_cumsum, outputs)
     return dims
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import cuda.tile as ct
 from cuda.tile._stub import ArrayAnnotation
 
+from contract import element_strides, kernel_layout
 from kernels.constants import ERROR_D
 from kernels.constants import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
@@ -80,20 +81,12 @@ class Backend:
             return torch
         return np
 
-    def contiguous_float32(self, a):
-        """`a` as a C-contiguous float32 array of the same kind (no copy when it already is);
-        None (an absent optional argument) stays None."""
-        if a is None:
-            return None
-        if self.kind == "torch":
-            return a.to(dtype=self.xp.float32).contiguous()
-        return self.xp.ascontiguousarray(a, dtype=self.xp.float32)
-
-    def contiguous(self, a):
-        """`a` as a C-contiguous array of the same kind and dtype (no copy when it already is):
-        the activations (x, B, C, z), which the kernels read in their own dtype. None stays None."""
-        if a is None:
-            return None
+    def laid_out(self, a):
+        """`a` as the kernels take it: itself where its layout is one they read in place
+        (contract.kernel_layout: views of one projection included), else a C-contiguous copy
+        of the same kind and dtype. None (an absent optional argument) stays None."""
+        if a is None or kernel_layout(a):
+            return a
         if self.kind == "torch":
             return a.contiguous()
         return self.xp.ascontiguousarray(a)
@@ -317,10 +310,20 @@ def int32_indexed(kernel_function):
 
 
 def needs_int64(*kernel_args) -> bool:
-    """Whether one of the (C-contiguous) arrays among a launch's kernel arguments (anything with a
-    shape; constants skipped) has 2^31 elements or more, so that an element offset exceeds
-    int32. The launchers pass all their arguments, so no array can be left out."""
-    return any(math.prod(a.shape) > INT32_MAX for a in kernel_args if hasattr(a, "shape"))
+    """Whether one of the arrays among a launch's kernel arguments (anything with a shape;
+    constants skipped) spans 2^31 elements or more, so that an element offset exceeds int32:
+    the span of a C-contiguous array is its size; of a strided view, its largest offset + 1.
+    The launchers pass all their arguments, so no array can be left out."""
+    return any(span(a) > INT32_MAX for a in kernel_args if hasattr(a, "shape"))
+
+
+def span(a) -> int:
+    """The elements from an array's first to its last, both counted: 1 + the largest element
+    offset (0 for an empty array)."""
+    shape = tuple(int(n) for n in a.shape)
+    if 0 in shape:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, element_strides(a)))
 
 
 # Smallest tile extent the launchers feed to ct.mma; smaller dimensions are zero padded up to it.
@@ -351,13 +354,14 @@ def mma_product(a, b, acc, dtype):
 
 
 def head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
-    """Head i_h's skip weights for headdim block i_p: [BLOCK_P, 1] per channel, else [1, 1]."""
+    """Head i_h's skip weights for headdim block i_p: [BLOCK_P, 1] per channel, else [1, 1],
+    in float32 (a 16-bit D widened, exact)."""
     if D_PER_HEADDIM:
         skip = ct.load(D, (i_h, i_p), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
         skip = ct.reshape(skip, (BLOCK_P, 1))
     else:
         skip = ct.reshape(ct.load(D, (i_h,), shape=(1,)), (1, 1))
-    return skip
+    return skip.astype(ct.float32)
 
 
 def checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):

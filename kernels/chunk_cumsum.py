@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import Dims, check_chunk_cumsum_args, check_dt_limit, check_vector_values
+from contract import (Dims, check_chunk_cumsum_args, check_dt_limit, check_vector_values,
+                      weight_dtypes)
 from kernels.arrays import (backend_of, check_grid, int32_indexed, needs_int64, or_error,
                            pow2_tile)
 from kernels.constants import ERROR_A, ERROR_D, ERROR_DT_BIAS, LOG2E
@@ -47,13 +48,15 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, D, dt_out: ct.Inde
     i_b = ct.bid(2)
     seqlen = dt.shape[1]
     real = i_hb * BLOCK_H + ct.arange(BLOCK_H, dtype=ct.int32) < A.shape[0]  # [BLOCK_H]
-    a_h = ct.load(A, (i_hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
+    # A, dt and dt_bias may be float32 or 16-bit arrays: each widened to float32 at its load
+    a_h = ct.load(A, (i_hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
     # NaN and -inf fail one of the two comparisons; heads past nheads (zero padding) are fine
     bad = ct.where((a_h < 0.0) & (a_h > -math.inf), 0, ct.where(real, ERROR_A, 0))  # [BLOCK_H]
     v = ct.load(dt, (i_b, i_c, i_hb), shape=(1, CHUNK, BLOCK_H), padding_mode=ct.PaddingMode.ZERO)
-    v = ct.reshape(v, (CHUNK, BLOCK_H))  # [CHUNK, BLOCK_H]
+    v = ct.reshape(v, (CHUNK, BLOCK_H)).astype(ct.float32)  # [CHUNK, BLOCK_H]
     if HAS_DT_BIAS:
-        bias = ct.load(dt_bias, (i_hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
+        bias = ct.load(dt_bias, (i_hb,), shape=(BLOCK_H,),
+                       padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
         bad = bad | ct.where(ct.abs(bias) < math.inf, 0, ERROR_DT_BIAS)  # NaN fails it too
         v = v + ct.reshape(bias, (1, BLOCK_H))
     if DT_SOFTPLUS:
@@ -97,10 +100,12 @@ def _bad_D(D, i_hb, first, BLOCK_H, D_PER_HEADDIM):
     if D_PER_HEADDIM:
         bad = ct.zeros((BLOCK_H, BLOCK_DP), dtype=ct.int32)
         for i_p in range(ct.where(first, ct.cdiv(D.shape[1], BLOCK_DP), 0)):
-            d = ct.load(D, (i_hb, i_p), shape=(BLOCK_H, BLOCK_DP), padding_mode=ct.PaddingMode.ZERO)
+            d = ct.load(D, (i_hb, i_p), shape=(BLOCK_H, BLOCK_DP),
+                        padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
             bad = bad | ct.where(ct.abs(d) < math.inf, 0, ERROR_D)
     else:
-        d = ct.load(D, (i_hb,), shape=(BLOCK_H,), padding_mode=ct.PaddingMode.ZERO)
+        d = ct.load(D, (i_hb,), shape=(BLOCK_H,),
+                    padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)
         bad = ct.where(ct.abs(d) < math.inf, 0, ERROR_D)
     return ct.max(bad)
 
@@ -151,11 +156,11 @@ def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0
     the rules'."""
     backend = backend_of(dt=dt, A=A, dt_bias=dt_bias)
     batch, seqlen, nheads, chunk_size = check_chunk_cumsum_args(
-        dt, A, chunk_size, dt_bias=dt_bias, dt_limit=dt_limit, float_dtypes=("float32",),
+        dt, A, chunk_size, dt_bias=dt_bias, dt_limit=dt_limit, float_dtypes=weight_dtypes(dt),
         check_values=False)
     dt_limit = check_dt_limit(dt_limit)
     check_grid(batch, nheads)
-    dt, A, dt_bias = (backend.contiguous_float32(a) for a in (dt, A, dt_bias))
+    dt, A, dt_bias = (backend.laid_out(a) for a in (dt, A, dt_bias))
     dims = Dims(batch, seqlen, nheads, 1, 1, 1, chunk_size)
     dt_out = backend.empty(dims.shape("dt_out"))
     dA_cumsum = backend.empty(dims.shape("dA_cumsum"))

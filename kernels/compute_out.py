@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import ACTIVATION_DTYPES, check_compute_out_args, check_vector_values, dtype_name
+from contract import (ACTIVATION_DTYPES, check_compute_out_args, check_vector_values, dtype_name,
+                      weight_dtypes)
 from kernels import tuning_table
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
                            mma_operand, mma_product, needs_int64, pow2_tile, report_D,
@@ -483,12 +484,11 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     backend = backend_of(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum,
                          chunk_states=chunk_states, D=D, z=z, seq_idx=seq_idx)
     dims = check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, D=D, z=z,
-                                  seq_idx=seq_idx, float_dtypes=("float32",),
+                                  seq_idx=seq_idx, float_dtypes=weight_dtypes(x),
                                   activation_dtypes=ACTIVATION_DTYPES, check_values=False)
     check_grid(dims.batch, dims.nheads)
-    x, B, C, chunk_states = (backend.contiguous(a) for a in (x, B, C, chunk_states))
-    dt_out, dA_cumsum = backend.contiguous_float32(dt_out), backend.contiguous_float32(dA_cumsum)
-    D, z = backend.contiguous_float32(D), backend.contiguous(z)
+    x, B, C, chunk_states, dt_out, dA_cumsum, D, z = (backend.laid_out(a) for a in (
+        x, B, C, chunk_states, dt_out, dA_cumsum, D, z))
     seg = backend.segment_ids(seq_idx)
     y = backend.empty(dims.shape("y"), like=x)
     if check_on_host(check_values, backend) and D is not None:

@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args, state_dtype_name
+from contract import (ACTIVATION_DTYPES, check_fwd_pass_state_args, state_dtype_name,
+                      weight_dtypes)
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, mma_operand,
                            mma_product, needs_int64, pow2_tile)
 
@@ -99,7 +100,7 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
     if HAS_INITIAL_STATES and not PARALLEL_CHUNKS:
         S = ct.load(initial_states, (i_b, i_h, i_p, i_n), shape=(1, 1, BLOCK_P, BLOCK_N),
                     padding_mode=ct.PaddingMode.ZERO)
-        S = ct.transpose(ct.reshape(S, (BLOCK_P, BLOCK_N)))
+        S = ct.transpose(ct.reshape(S, (BLOCK_P, BLOCK_N)).astype(ct.float32))  # 16-bit: widened
     else:
         S = ct.zeros((BLOCK_N, BLOCK_P), dtype=ct.float32)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
@@ -170,7 +171,7 @@ def _state_pass_kernel(initial_states: ct.IndexedWithInt64, seg: ct.IndexedWithI
     if HAS_INITIAL_STATES:
         S = ct.load(initial_states, (i_b, i_h, i_p, i_n), shape=(1, 1, BLOCK_P, BLOCK_N),
                     padding_mode=ct.PaddingMode.ZERO)
-        S = ct.reshape(S, (BLOCK_P, BLOCK_N))
+        S = ct.reshape(S, (BLOCK_P, BLOCK_N)).astype(ct.float32)  # 16-bit: widened, exact
     else:
         S = ct.zeros((BLOCK_P, BLOCK_N), dtype=ct.float32)
     seg_before = ct.zeros((1, 1), dtype=ct.int32)  # the initial state's segment: 0
@@ -288,13 +289,12 @@ def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None, *
     backend = backend_of(x=x, B=B, dt_out=dt_out, dA_cumsum=dA_cumsum,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, initial_states=initial_states,
-                                     seq_idx=seq_idx, float_dtypes=("float32",),
+                                     seq_idx=seq_idx, float_dtypes=weight_dtypes(x),
                                      activation_dtypes=ACTIVATION_DTYPES)
     check_grid(dims.batch, dims.nheads)
     narrow_states = state_dtype_name(state_dtype, x) not in (None, "float32")
-    x, B = backend.contiguous(x), backend.contiguous(B)
-    dt_out, dA_cumsum = backend.contiguous_float32(dt_out), backend.contiguous_float32(dA_cumsum)
-    initial_states = backend.contiguous_float32(initial_states)
+    x, B, dt_out, dA_cumsum, initial_states = (backend.laid_out(a) for a in (
+        x, B, dt_out, dA_cumsum, initial_states))
     seg = backend.segment_ids(seq_idx)
     chunk_states = backend.empty(dims.shape("chunk_states"), like=x if narrow_states else None)
     final_states = backend.empty(dims.shape("final_states"))

@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 
 from contract import (ACTIVATION_DTYPES, check_cu_seqlens, check_dt_limit, check_forward_args,
                       check_seq_idx_of_offsets, check_vector_values, cu_seqlens_values,
-                      dtype_name, state_dtype_name)
+                      dtype_name, element_strides, kernel_layout, state_dtype_name,
+                      weight_dtypes)
 from kernels import errors, tuning_table
 from kernels.arrays import GRID_YZ_MAX, backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
@@ -44,8 +45,8 @@ STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float3
 
 @dataclass(frozen=True)
 class ForwardArrays:
-    """One forward's arrays (checked, contiguous, outputs allocated) and options, as the launchers
-    take them: `seg` is the (batch, seqlen) int32 segment ids of seq_idx, or None; `errors` the
+    """One forward's arrays (checked, laid out as the kernels take them, outputs allocated) and
+    options, as the launchers take them: `seg` is the (batch, seqlen) int32 segment ids of seq_idx, or None; `errors` the
     call's error word (kernels.errors), None in a plan that is never run."""
     x: Any
     dt: Any
@@ -66,12 +67,12 @@ class ForwardArrays:
     y: Any
     errors: Any = None
 
-    # every array but A, D and dt_bias is batch-first and C-contiguous
+    # every array but A, D and dt_bias is batch-first (the inputs may be strided views)
     BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "seg", "dt_out", "dA_cumsum",
                    "chunk_states", "final_states", "y")
 
     def batch_slice(self, lo: int, hi: int) -> ForwardArrays:
-        """The forward of batch elements lo..hi-1: contiguous views of the batch-first arrays."""
+        """The forward of batch elements lo..hi-1: views of the batch-first arrays."""
         return dataclasses.replace(self, **{
             name: None if getattr(self, name) is None else getattr(self, name)[lo:hi]
             for name in self.BATCH_FIRST})
@@ -90,22 +91,24 @@ class ForwardPart(NamedTuple):
 
 
 def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=(),
-                      state_itemsize: int = 4) -> int:
+                      state_itemsize: int = 4, *, layouts=None) -> int:
     """How many batch slices ssd_forward runs concurrently (see BATCH_PARTS): on a GPU of
     `sm_count` SMs, an even batch whose in-order fwd_pass_state grid exceeds SPLIT_MIN_WAVES
     programs per SM and whose second slice starts 16-byte aligned in every batch-first array
     the call has (ct.launch specializes kernels on the alignment: a misaligned slice would lose
     TMA loads). `itemsize`: the activations' (x, B, C, z, y); `given`: the optional batch-first
-    arrays passed (z, initial_states, seq_idx); `state_itemsize`: the chunk states'."""
+    arrays passed (z, initial_states, seq_idx); `state_itemsize`: the chunk states';
+    `layouts`: (batch stride in elements, item size) of each input by name where it is not a
+    C-contiguous array of those item sizes (strided views, 16-bit dt or initial_states)."""
     if kind == "numpy" or dims.batch % BATCH_PARTS or _scans(dims, sm_count):
         return 1
     programs = in_order_programs(dims.batch, dims.nheads, dims.headdim, dims.dstate)
     if programs <= SPLIT_MIN_WAVES * sm_count:
         return 1
     for name in _BATCH_FIRST + tuple(given):
-        per_element = math.prod(dims.shape(name)[1:]) * (
-            itemsize if name in _NARROW else state_itemsize if name == "chunk_states" else 4)
-        if dims.batch // BATCH_PARTS * per_element % 16:
+        stride, size = (layouts or {}).get(name, (math.prod(dims.shape(name)[1:]), (
+            itemsize if name in _NARROW else state_itemsize if name == "chunk_states" else 4)))
+        if dims.batch // BATCH_PARTS * stride * size % 16:
             return 1
     return BATCH_PARTS
 
@@ -114,10 +117,12 @@ def _scans(dims, sm_count: int) -> bool:
     """Whether the call's forward is the scan (kernels.ssd_scan.scan_runs), judged from its
     dimensions alone, as for float32 inputs (past SPLIT_MIN_WAVES every dtype's scan runs; a
     call whose arrays need int64 indices runs the two kernels, unsplit)."""
-    stand_in = lambda name: _Slot(name, dims.shape(name), "float32")  # noqa: E731
+    stand_in = lambda name: _Slot(name, dims.shape(name), "float32", None)  # noqa: E731
     return scan_runs(stand_in("x"), stand_in("B"), stand_in("dt_out"), (), sm_count)
 
 
+# the item sizes of the dtypes a call's arrays may have
+ITEMSIZES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
 # every batch-first array of a call without options; z, initial_states, seq_idx where given
 _BATCH_FIRST = ("x", "dt", "B", "C", "y", "dt_out", "dA_cumsum", "chunk_states", "final_states")
 _NARROW = ("x", "B", "C", "z", "y")
@@ -131,7 +136,13 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the GPU, on the
     current stream). x, B, C, z: float32, bfloat16 or float16, all four alike (read in that
     dtype; products as kernels.arrays.mma_operand says, accumulated in float32); y has x's
-    dtype; every other input is taken as float32, and final_states is float32.
+    dtype. dt, A, dt_bias, D, initial_states: each float32 or x's dtype (read and widened to
+    float32 in the kernels, as mamba_ssm reads them); final_states is float32.
+
+    Arrays are read where they lie, strided views included (x, B, C, z, dt as torch.split
+    views of one projection, a batch or token slice): any layout whose strides are
+    non-negative and whose last dimension has unit stride runs without a copy; any other is
+    copied C-contiguous first (contract.kernel_layout; launch_plan(...).copies names them).
 
     Every argument's shape, dtype and device is checked before the first launch; then the
     kernels run in order (forward_launches: chunk_cumsum and the scan where its grid fills the
@@ -231,9 +242,9 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
     backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens)
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
-                              seq_idx=seq_idx, dt_limit=dt_limit, float_dtypes=("float32",),
+                              seq_idx=seq_idx, dt_limit=dt_limit, float_dtypes=weight_dtypes(x),
                               activation_dtypes=ACTIVATION_DTYPES, check_values=False)
-    num_seqs = check_cu_seqlens(cu_seqlens, dims, initial_states, float_dtypes=("float32",))
+    num_seqs = check_cu_seqlens(cu_seqlens, dims, initial_states, float_dtypes=weight_dtypes(x))
     state_dtype_name(state_dtype, x)
     if num_seqs > GRID_YZ_MAX:
         raise ValueError(f"cu_seqlens: at most {GRID_YZ_MAX} sequences (a grid axis), got "
@@ -254,9 +265,8 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
     if on_host and seq_idx is not None:
         check_seq_idx_of_offsets(seq_idx, cu_seqlens_values(cu_seqlens, dims.seqlen))
     with backend.on_device():
-        x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
-        dt, A, D, dt_bias, initial_states = (backend.contiguous_float32(a) for a in (
-            dt, A, D, dt_bias, initial_states))
+        x, B, C, z, dt, A, D, dt_bias, initial_states = (backend.laid_out(a) for a in (
+            x, B, C, z, dt, A, D, dt_bias, initial_states))
         cu = backend.offsets_int32(cu_seqlens, dims.seqlen)
         y = backend.empty(dims.shape("y"), like=x)  # every token written (NaN if refused)
         # dA_cumsum is written, not read: ssd_varlen takes each block's cumsum itself
@@ -344,7 +354,7 @@ def _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                               initial_states=initial_states, seq_idx=seq_idx, dt_limit=dt_limit,
-                              float_dtypes=("float32",), activation_dtypes=ACTIVATION_DTYPES,
+                              float_dtypes=weight_dtypes(x), activation_dtypes=ACTIVATION_DTYPES,
                               check_values=False)
     check_grid(dims.batch, dims.nheads)
     return backend, dims, check_dt_limit(dt_limit)
@@ -374,19 +384,26 @@ def prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
 
 
 class _Slot:
-    """A stand-in for one of a call's arrays while its plan is built: its name, shape and dtype
-    name (all the launchers read) and, for a batch slice of it, its rows (lo, hi)."""
+    """A stand-in for one of a call's arrays while its plan is built: its name, shape, dtype
+    name and strides in elements (all the launchers read; None: C-contiguous) and, for a batch
+    slice of it, its rows (lo, hi)."""
 
-    __slots__ = ("name", "shape", "dtype", "rows")
+    __slots__ = ("name", "shape", "dtype", "strides", "rows")
 
-    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, rows=None):
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, strides, rows=None):
         self.name, self.shape, self.dtype, self.rows = name, shape, dtype, rows
+        self.strides = strides
+
+    def stride(self) -> tuple[int, ...]:
+        """The strides in elements, as torch names them (contract.element_strides reads it)."""
+        shape = self.shape
+        return self.strides or tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
 
     def __getitem__(self, index: slice) -> _Slot:
         lo, hi, _ = index.indices(self.shape[0])
         if (lo, hi) == (0, self.shape[0]):  # the whole batch: the array itself, not a view
             return self
-        return _Slot(self.name, (hi - lo, *self.shape[1:]), self.dtype, (lo, hi))
+        return _Slot(self.name, (hi - lo, *self.shape[1:]), self.dtype, self.strides, (lo, hi))
 
 
 @dataclass(frozen=True)
@@ -409,12 +426,12 @@ class PlannedLaunch:
 @dataclass(frozen=True)
 class LaunchPlan:
     """Everything a call of one signature does but allocate and launch: where it runs, which
-    inputs it copies (to C-contiguous; to float32), the outputs' shapes and whether each has x's
-    dtype (else float32), and the launches of each batch slice (kernel objects, grids, tile
-    constants and the tuned choice included)."""
+    inputs it copies (to C-contiguous, where their layout is not one the kernels read in place:
+    contract.kernel_layout), the outputs' shapes and whether each has x's dtype (else float32),
+    and the launches of each batch slice (kernel objects, grids, tile constants and the tuned
+    choice included)."""
     backend: Any
-    narrow_copies: tuple[str, ...]
-    float32_copies: tuple[str, ...]
+    copies: tuple[str, ...]
     outputs: tuple[tuple[str, tuple[int, ...], bool], ...]
     parts: tuple[tuple[PlannedLaunch, ...], ...]
     # every (array name, rows) the launches take, once
@@ -422,14 +439,12 @@ class LaunchPlan:
 
     def arrays(self, given: tuple) -> dict:
         """The call's arrays by name, on the current device (the caller makes it the arrays'):
-        `given` (ssd_forward's array arguments in INPUTS' order), copied where the plan says,
-        the segment ids of seq_idx, and the outputs allocated."""
+        `given` (ssd_forward's array arguments in INPUTS' order), copied where the plan says
+        (copies), the segment ids of seq_idx, and the outputs allocated."""
         backend = self.backend
         arrays = dict(zip(INPUTS, given))
-        for name in self.narrow_copies:
-            arrays[name] = backend.contiguous(arrays[name])
-        for name in self.float32_copies:
-            arrays[name] = backend.contiguous_float32(arrays[name])
+        for name in self.copies:
+            arrays[name] = backend.laid_out(arrays[name])
         arrays["seg"] = backend.segment_ids(arrays["seq_idx"])
         for name, shape, like_x in self.outputs:
             arrays[name] = backend.empty(shape, like=arrays["x"] if like_x else None)
@@ -454,24 +469,23 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
     states = state_dtype_name(state_dtype, x) or STATE_DTYPES[dtype_name(x)]
     given = {n: a for n, a in zip(INPUTS, (x, dt, A, B, C, D, z, dt_bias, initial_states,
                                            seq_idx)) if a is not None}
-    narrow_copies, float32_copies, slots = [], [], {}
+    copies, slots = [], {}
     for name, a in given.items():
-        if name == "seq_idx":
-            slots["seg"] = _Slot("seg", dims.shape("seq_idx"), "int32")
-        elif name in _NARROW:
-            narrow_copies += [name] if backend.contiguous(a) is not a else []
-            slots[name] = _Slot(name, dims.shape(name), dtype_name(a))
-        else:
-            float32_copies += [name] if backend.contiguous_float32(a) is not a else []
-            slots[name] = _Slot(name, tuple(int(s) for s in a.shape), "float32")
+        if name == "seq_idx":  # the kernels read its segment ids, made C-contiguous
+            slots["seg"] = _Slot("seg", dims.shape("seq_idx"), "int32", None)
+            continue
+        laid_out = kernel_layout(a)
+        copies += [] if laid_out else [name]
+        slots[name] = _Slot(name, tuple(int(s) for s in a.shape), dtype_name(a),
+                            element_strides(a) if laid_out else None)
     # y in x's dtype, the chunk states in `states`, the rest float32
     outputs = tuple((name, dims.shape(name), name == "y" or (name == "chunk_states"
                                                             and states != "float32"))
                     for name in OUTPUTS)
     for name, shape, like_x in outputs:
-        slots[name] = _Slot(name, shape, dtype_name(x) if like_x else "float32")
+        slots[name] = _Slot(name, shape, dtype_name(x) if like_x else "float32", None)
     arrays = ForwardArrays(*(slots.get(n) for n in FORWARD_INPUTS), dt_softplus, dt_limit,
-                           *(slots[n] for n in OUTPUTS), errors=_Slot("errors", (1,), "int32"))
+                           *(slots[n] for n in OUTPUTS), errors=_Slot("errors", (1,), "int32", None))
     table = tuning_table.table(backend)
     parts = tuple(tuple(PlannedLaunch(kernel, grid, tuple(None if isinstance(a, _Slot) else a
                                                           for a in args),
@@ -480,25 +494,28 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
                         for kernel, grid, args in forward_launches(part.arrays, part.sm_count,
                                                                    tuned=table))
                   for part in forward_parts(arrays, backend.sm_count,
-                                            _parts(dims, backend, x, given, batch_parts,
+                                            _parts(dims, backend, x, slots, batch_parts,
                                                    states)))
     needs = tuple(dict.fromkeys((name, rows) for part in parts for launch in part
                                 for _, name, rows in launch.arrays))
     # the outputs the launches write (the scan takes no chunk_states), y and final_states always
     needed = {name for name, _ in needs} | {"y", "final_states"}
     outputs = tuple(output for output in outputs if output[0] in needed)
-    return LaunchPlan(backend, tuple(narrow_copies), tuple(float32_copies), outputs, parts,
-                      needs)
+    return LaunchPlan(backend, tuple(copies), outputs, parts, needs)
 
 
-def _parts(dims, backend, x, given, batch_parts, states: str) -> int:
+def _parts(dims, backend, x, slots: dict, batch_parts, states: str) -> int:
     """The batch slices of a call: `batch_parts` where given, else rules_batch_parts' count
-    (`given`: the names of the arrays passed; `states`: the chunk states' dtype name)."""
+    (`slots`: the stand-ins of the inputs passed, seq_idx's as "seg"; `states`: the chunk
+    states' dtype name)."""
     if batch_parts is None:
-        optional = [n for n in ("z", "initial_states", "seq_idx") if n in given]
+        optional = [n for n in ("z", "initial_states", "seq_idx")
+                    if ("seg" if n == "seq_idx" else n) in slots]
         state_itemsize = 4 if states == "float32" else x.dtype.itemsize
+        layouts = {name: (slot.stride()[0], ITEMSIZES[slot.dtype])
+                   for name, slot in slots.items() if len(slot.shape) > 1 and name != "seg"}
         batch_parts = rules_batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
-                                        optional, state_itemsize)
+                                        optional, state_itemsize, layouts=layouts)
     return min(batch_parts, dims.batch)
 
 

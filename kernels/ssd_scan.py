@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import ACTIVATION_DTYPES, check_ssd_scan_args, check_vector_values, dtype_name
+from contract import (ACTIVATION_DTYPES, check_ssd_scan_args, check_vector_values, dtype_name,
+                      weight_dtypes)
 from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
                            mma_operand, mma_product, needs_int64, pow2_tile, report_D,
                            z_gated)
@@ -105,7 +106,7 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
         if HAS_INITIAL_STATES:
             S = ct.load(initial_states, (i_b, i_h, i_p, 0), shape=(1, 1, BLOCK_P, DSTATE),
                         padding_mode=ct.PaddingMode.ZERO)
-            S = ct.reshape(S, (BLOCK_P, DSTATE))
+            S = ct.reshape(S, (BLOCK_P, DSTATE)).astype(ct.float32)  # 16-bit: widened, exact
         else:
             S = ct.zeros((BLOCK_P, DSTATE), dtype=ct.float32)
         states += (S,)
@@ -304,12 +305,11 @@ def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, se
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_ssd_scan_args(x, B, C, dt_out, dA_cumsum, D=D, z=z,
                                initial_states=initial_states, seq_idx=seq_idx,
-                               float_dtypes=("float32",), activation_dtypes=ACTIVATION_DTYPES,
+                               float_dtypes=weight_dtypes(x), activation_dtypes=ACTIVATION_DTYPES,
                                check_values=False)
     check_grid(dims.batch, dims.nheads)
-    x, B, C, z = (backend.contiguous(a) for a in (x, B, C, z))
-    dt_out, dA_cumsum, D, initial_states = (backend.contiguous_float32(a) for a in (
-        dt_out, dA_cumsum, D, initial_states))
+    x, B, C, z, dt_out, dA_cumsum, D, initial_states = (backend.laid_out(a) for a in (
+        x, B, C, z, dt_out, dA_cumsum, D, initial_states))
     seg = backend.segment_ids(seq_idx)
     y = backend.empty(dims.shape("y"), like=x)
     final_states = backend.empty(dims.shape("final_states"))

@@ -62,12 +62,12 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
     if HAS_INITIAL_STATES:
         S = ct.load(initial_states, (i_s, i_h, i_p, 0), shape=(1, 1, BLOCK_P, DSTATE),
                     padding_mode=ct.PaddingMode.ZERO)
-        S = ct.reshape(S, (BLOCK_P, DSTATE))  # [BLOCK_P, DSTATE]
+        S = ct.reshape(S, (BLOCK_P, DSTATE)).astype(ct.float32)  # [BLOCK_P, DSTATE], widened
     else:
         S = ct.zeros((BLOCK_P, DSTATE), dtype=ct.float32)
     if HAS_D:  # a D that is not finite makes its y NaN; chunk_cumsum reports it
         skip = checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM)
-    a_h = ct.reshape(ct.load(A, (i_h,), shape=(1,)), (1, 1)) * LOG2E  # [1, 1], log2 units
+    a_h = ct.reshape(ct.load(A, (i_h,), shape=(1,)), (1, 1)).astype(ct.float32) * LOG2E  # log2
     p_col = ct.reshape(i_p * BLOCK_P + ct.arange(BLOCK_P, dtype=ct.int32), (1, BLOCK_P))
     n_col = ct.reshape(ct.arange(DSTATE, dtype=ct.int32), (1, DSTATE))
     rows = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (BLOCK_T, 1))  # s

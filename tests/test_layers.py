@@ -22,8 +22,9 @@ LAYERS = {  # bottom to top; "x.*" means the submodules of x (not x itself)
         "kernels.compute_out", "kernels.ssd_scan", "kernels.ssd_varlen"),
     # the forward pass: the kernels chained
     2: ("kernels.ssd_forward",),
-    # the tuner, and the package's public surface (kernels/__init__.py)
-    3: ("kernels.tuning", "kernels"),
+    # the tuner, mamba_ssm's entry point (kernels.ssd_combined), and the package's public
+    # surface (kernels/__init__.py)
+    3: ("kernels.tuning", "kernels.ssd_combined", "kernels"),
     # the harness: property suite and benchmarks
     4: ("properties", "properties.*", "benchmarks", "benchmarks.*"),
     # pytest: may import anything; nothing below may import it
