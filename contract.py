@@ -91,16 +91,16 @@ def weight_dtypes(x) -> tuple[str, ...]:
     """The dtypes the kernels take dt, A, dt_bias, D and initial_states in, for activations
     like x (x itself, for chunk_cumsum alone: dt): float32, and x's dtype where it is 16-bit."""
     name = dtype_name(x)
-    return ("float32",) if name == "float32" else ("float32", name)
+    return ("float32", name) if name in ("bfloat16", "float16") else ("float32",)
 
 
 def kernel_layout(a) -> bool:
     """Whether the kernels take array `a` as it is, without a copy: every stride non-negative
-    and the last dimension of unit stride (or extent 1), as views of one projection are (torch,
-    CuPy and NumPy alike; cuTile specializes each launch on the strides' divisibility). Any
-    other layout is copied to C-contiguous first (a named copy of the launch plan)."""
-    shape, strides = tuple(int(n) for n in a.shape), element_strides(a)
-    return all(s >= 0 for s in strides) and (not shape or shape[-1] == 1 or strides[-1] == 1)
+    (torch, CuPy and NumPy alike: views of one projection, batch and token slices, token-major
+    views; cuTile specializes each launch on the strides' divisibility and unit strides). A
+    negative stride (a reversed NumPy or CuPy view) is copied to C-contiguous first (a named
+    copy of the launch plan)."""
+    return all(s >= 0 for s in element_strides(a))
 
 
 def element_strides(a) -> tuple[int, ...]:

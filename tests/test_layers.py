@@ -172,6 +172,7 @@ def test_checker_on_synthetic_trees(tmp_path):
             "kernels/interpreter/_ops.py": "from .. import arrays\n",
             "kernels/interpreter/__init__.py": "from . import _ops\n",
             "kernels/tuning.py": "def f():\n    from .ssd_forward import g\n",
+            "kernels/ssd_combined.py": "",
             "kernels/ssd_forward.py": "from kernels import chunk_cumsum, fwd_pass_state\n",
             "kernels/chunk_cumsum.py": "from kernels.constants import LOG2E\n",
             "kernels/fwd_pass_state.py": "", "kernels/compute_out.py": "from . import arrays\n",

@@ -98,11 +98,12 @@ def test_mixed_activation_dtypes_refused(arg):
         ssd_forward(**kw)
 
 
-def test_narrow_dt_refused():
-    """Only the activations may be narrow: dt (and A, D, dt_bias, initial_states) stay float32."""
-    kw = narrow(make_inputs(BY_ID["all_options_chunk16"]), lambda a: a.astype(np.float16))
+def test_dt_of_another_narrow_dtype_refused():
+    """dt (and A, D, dt_bias, initial_states) are float32 or the activations' dtype: a float16
+    dt beside bfloat16 activations is refused by name."""
+    kw = narrow(make_inputs(BY_ID["all_options_chunk16"]), lambda a: a.astype(ml_dtypes.bfloat16))
     kw["dt"] = kw["dt"].astype(np.float16)
-    with pytest.raises(TypeError, match="dt must have"):
+    with pytest.raises(TypeError, match="dt must have a floating dtype in"):
         ssd_forward(**kw)
 
 

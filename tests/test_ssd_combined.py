@@ -148,15 +148,29 @@ def test_a_row_state_seeds_the_first_sequence(backend):
             return_varlen_states=True)
 
 
-def test_token_major_views_are_copied_and_named():
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_token_major_views_within_bound_without_copies(dtype, backend):
     """x, B, C as the layer makes them without causal_conv1d (torch's conv1d output transposed:
-    unit stride along the tokens, not the channels) are not a layout the kernels read in place:
-    the plan names their copies; dt, a view with unit last stride, is not copied."""
-    args, _ = layer_call("rmsnorm_gated", "float32", "interpreter")
+    unit stride along the tokens, not the channels) are read in place too, within the bound."""
+    where = _backend(backend, dtype)
+    args, wide = layer_call("z_channel_D_groups", dtype, where)
     for name in ("x", "B", "C"):
-        token_major = np.ascontiguousarray(np.moveaxis(args[name], 1, -1))
-        args[name] = np.moveaxis(token_major, -1, 1)
-    assert _planned(args).copies == ("x", "B", "C")
+        host = np.ascontiguousarray(np.moveaxis(to_host(args[name]), 1, -1))  # tokens last
+        on = to_backend(host, where)
+        args[name] = on.movedim(-1, 1) if where == "torch" else np.moveaxis(on, -1, 1)
+    plan = _planned(args)
+    assert plan.copies == ()
+    y, final = mamba_chunk_scan_combined(**args, return_final_states=True)
+    stored = dtype == "bfloat16" and any(n == "chunk_states" for n, _, _ in plan.outputs)
+    check_forward("token-major", y, final, wide, dtype, stored)
+
+
+def test_reversed_views_are_copied_and_named():
+    """A negative stride is the one layout copied (C-contiguous first): the plan names it."""
+    args, _ = layer_call("rmsnorm_gated", "float32", "interpreter")
+    args["x"] = args["x"][:, ::-1][:, ::-1]  # the same values, through a reversed view
+    args["B"] = np.ascontiguousarray(args["B"][:, ::-1])[:, ::-1]
+    assert _planned(args).copies == ("B",)
 
 
 @pytest.mark.parametrize("name, dtype, message", [
