@@ -22,6 +22,16 @@ register_profiles()
 settings.load_profile(profile_name())
 
 
+@pytest.fixture(autouse=True)
+def unwritten_reads_fail():
+    """In every test, a kernel on the interpreter that reads an element of an array the
+    launchers allocated before any program wrote it fails, naming the kernel, the array, the
+    index and the program (kernels.interpreter.track_writes)."""
+    from kernels.interpreter import track_writes
+    with track_writes():
+        yield
+
+
 @pytest.fixture
 def nan_filled_outputs():
     """Every output the launchers allocate is NaN before a kernel writes it, so an element no

@@ -92,11 +92,22 @@ class Backend:
         return self.xp.ascontiguousarray(a)
 
     def empty(self, shape: tuple[int, ...], like=None):
-        """A new output array, uninitialized, float32 or of `like`'s dtype."""
+        """A new output array, uninitialized, float32 or of `like`'s dtype (on the interpreter
+        with a written-mask where kernels.interpreter.track_writes is active)."""
         dtype = self.xp.float32 if like is None else like.dtype
         if self.kind == "torch":
             return self.xp.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
-        return self.xp.empty(shape, dtype=dtype)
+        out = self.xp.empty(shape, dtype=dtype)
+        if self.kind == "numpy":
+            from kernels.interpreter import allocated
+            allocated(out)
+        return out
+
+    def zeros(self, shape: tuple[int, ...]):
+        """A new float32 array of zeros (written: never a read of unwritten memory)."""
+        if self.kind == "torch":
+            return self.xp.zeros(shape, dtype=self.xp.float32, device=f"cuda:{self.device}")
+        return self.xp.zeros(shape, dtype=self.xp.float32)
 
     def offsets_int32(self, a, limit: int):
         """Integer offsets `a` as a C-contiguous int32 array of the same kind, converted on its

@@ -56,7 +56,6 @@ def _first_sequence(initial_states, cu_seqlens):
         raise ValueError(f"initial_states: with cu_seqlens, the row's state (1, nheads, headdim, "
                          f"dstate) as mamba_ssm takes it, got shape {shape}")
     backend = backend_of(initial_states=initial_states, cu_seqlens=cu_seqlens)
-    per_sequence = backend.empty((int(cu_seqlens.shape[0]) - 1, *shape[1:]))
-    per_sequence[...] = 0
+    per_sequence = backend.zeros((int(cu_seqlens.shape[0]) - 1, *shape[1:]))
     per_sequence[:1] = initial_states
     return per_sequence

@@ -21,6 +21,7 @@ from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSig
 
 from kernels import ssd_forward
 from kernels.interpreter import NAMESPACE as cti
+from kernels.arrays import Backend
 from kernels.interpreter import Tile, launch
 
 U32 = 2.0 ** -24  # fp32 unit roundoff
@@ -825,6 +826,34 @@ def test_races_between_programs_raise():
         launch((3,), _overlapping_store_kernel, (y, False))
     with pytest.raises(RuntimeError, match="reads elements that program"):
         launch((2,), _read_neighbour_kernel, (nan_like(np.zeros(12)),))
+
+
+def test_reads_of_unwritten_allocations_raise():
+    """An array the launchers allocate (Backend.empty, under track_writes: on in every test)
+    may be read only where a program stored: a load of an unwritten element names the kernel,
+    the array, the index and the program; after a kernel wrote it the load passes, and a tile
+    past the shape (a padding mode) stays legal. A host write (the NaN fill) is no store."""
+    backend = Backend("numpy", None)
+    x = backend.empty((6,))
+    x[...] = math.nan
+    y = backend.empty((2, 4))
+    with pytest.raises(RuntimeError, match=r"_copy_2d_kernel \(program \d+\) reads x\[0, 0\], "
+                                           r"an element of an allocated array that no program"):
+        launch((1, 1), _copy_2d_kernel, (x.reshape(2, 3), y, 2, 4))
+    launch((1,), _fill_kernel, (x, 8))
+    launch((1, 1), _copy_2d_kernel, (x.reshape(2, 3), y, 2, 4))  # a tile past x's 3 columns
+    np.testing.assert_array_equal(y[:, :3], 2.0)
+    z = backend.empty((4, 4))
+    launch((1, 1), _copy_2d_kernel, (y, z[:2], 2, 4))  # rows 0 and 1 of z, through a view
+    out = np.zeros((2, 4), np.float32)
+    with pytest.raises(RuntimeError, match=r"reads x\[1, 0\]"):  # z's row 2: the view's row 1
+        launch((1, 1), _copy_2d_kernel, (z[1:3], out, 2, 4))
+
+
+@ct.kernel
+def _fill_kernel(x, N: ct.Constant[int]):
+    """One program: x[:] = 2 (a tile of N, stored masked to x's shape)."""
+    ct.store(x, (0,), ct.full((N,), 2.0, dtype=ct.float32))
 
 
 def test_array_slice():

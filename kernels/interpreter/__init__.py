@@ -9,7 +9,8 @@ an operation it does not support raises NotImplementedError naming it.
 """
 
 from kernels.interpreter._launch import NAMESPACE, launch
-from kernels.interpreter._state import record_mma_operands
+from kernels.interpreter._state import allocated, record_mma_operands, track_writes
 from kernels.interpreter._tile import Array, Tile, round_fp32_mantissa
 
-__all__ = ["launch", "record_mma_operands", "NAMESPACE", "Tile", "Array", "round_fp32_mantissa"]
+__all__ = ["launch", "record_mma_operands", "track_writes", "allocated", "NAMESPACE", "Tile",
+           "Array", "round_fp32_mantissa"]

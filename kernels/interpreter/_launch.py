@@ -176,7 +176,7 @@ def _wrap_arg(name, v, metadata, writers):
     if isinstance(v, np.ndarray):
         # one Writers per NumPy array: an array passed twice (a dummy for an absent option) is one
         w = writers.setdefault(id(v), Writers(v.shape))
-        return Array(v, ct.int64 if wide else ct.int32, w)
+        return Array(v, ct.int64 if wide else ct.int32, w, name=name)
     if v is None:
         return None
     if isinstance(v, bool):
@@ -230,7 +230,7 @@ def launch(grid, kernel, args) -> None:
     programs = list(itertools.product(range(g[2]), range(g[1]), range(g[0])))
     with np.errstate(all="ignore"):
         for z, y, x in reversed(programs):
-            _state.enter(g, (x, y, z))
+            _state.enter(g, (x, y, z), pyfunc.__name__)
             try:
                 if func(*wrapped) is not None:
                     raise TypeError(f"kernel {pyfunc.__name__} returned a value")

@@ -768,6 +768,7 @@ def load(array, /, index, shape, *, order="C", padding_mode=ct.PaddingMode.UNDET
         raise TypeError(f"load: tile shape {shape} does not match the array rank {array.ndim}")
     src, dst, partial = _tile_region(view.shape, index, shape, "load", check_bounds)
     _check_no_foreign_writes(array, perm, src)
+    _check_written(array, perm, src)
     dtype = array.dtype
     if partial:
         out = np.full(shape, _padding_value(padding_mode, dtype, "load"), dtype=STORAGE[dtype])
@@ -790,6 +791,35 @@ def _check_no_foreign_writes(array: Array, perm, src, what="load"):
         raise RuntimeError(f"{what}: this program ({me}) reads elements that program "
                            f"{int(ids[foreign].flat[0])} stored in the same launch: the result "
                            "depends on the order of programs on the GPU")
+
+
+def _check_written(array: Array, perm, src, what="load"):
+    """Refuse a read (`src`: slices of a tile, or index arrays of a gather, on the array's axes
+    permuted by `perm`) of an element of a tracked allocation no program has stored
+    (_state.track_writes)."""
+    mask = _state.written_mask(array._a)
+    if mask is None:
+        return
+    unwritten = ~np.transpose(mask, perm)[src]
+    if unwritten.any():
+        first = np.argwhere(unwritten)[0]
+        if isinstance(src[0], slice):
+            permuted = [s.start + int(i) for s, i in zip(src, first)]
+        else:  # a gather's index arrays, one per axis
+            permuted = [int(s[tuple(first)]) for s in src]
+        index = [0] * array.ndim
+        for k, axis in enumerate(perm):
+            index[axis] = permuted[k]
+        raise RuntimeError(f"{what}: {_state.kernel_name()} (program {_state.program_id()}) "
+                           f"reads {array.name}[{', '.join(map(str, index))}], an element of an "
+                           f"allocated array that no program has written "
+                           f"({int(unwritten.sum())} such elements in this {what})")
+
+
+def _mark_written(array: Array, perm, src):
+    mask = _state.written_mask(array._a)
+    if mask is not None:
+        np.transpose(mask, perm)[src] = True
 
 
 def _record_store(array: Array, perm, src, view, values):
@@ -835,6 +865,7 @@ def store(array, /, index, tile, *, order="C", check_bounds=True, latency=None, 
         raise TypeError(f"store: tile rank {values.ndim} does not match the array rank {array.ndim}")
     src, dst, _ = _tile_region(view.shape, index, values.shape, "store", check_bounds)
     _record_store(array, perm, src, view, values[dst])
+    _mark_written(array, perm, src)
     view[src] = values[dst]
 
 
@@ -897,6 +928,7 @@ def gather(array, indices, /, *, mask=None, padding_value=0, check_bounds=True, 
     if take.any():
         at = tuple(i[take] for i in idx)
         _check_no_foreign_writes(array, tuple(range(array.ndim)), at, "gather")
+        _check_written(array, tuple(range(array.ndim)), at, "gather")
         out[take] = array._a[at]
     return Tile(out, array.dtype)
 
@@ -926,6 +958,7 @@ def scatter(array, indices, value, /, *, mask=None, check_bounds=True, latency=N
                            "values to the same element: the result depends on the order of "
                            "programs on the GPU")
     ids[at] = me
+    _mark_written(array, tuple(range(array.ndim)), at)
     array._a[at] = new
 
 

@@ -1,10 +1,15 @@
-"""The program being interpreted: its block id and the grid (what ct.bid / ct.num_blocks read),
-and the optional record of matrix-product operand dtypes."""
+"""The program being interpreted: its kernel, block id and the grid (what ct.bid /
+ct.num_blocks read), the optional record of matrix-product operand dtypes, and the optional
+written-masks of the arrays the launchers allocate."""
 
 import contextlib
 
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
 _grid = (1, 1, 1)
 _bid = None
+_kernel = ""
 
 
 def block_id(axis) -> int:
@@ -31,9 +36,14 @@ def program_id() -> int:
     return x + _grid[0] * (y + _grid[1] * z)
 
 
-def enter(grid, bid):
-    global _grid, _bid
-    _grid, _bid = grid, bid
+def kernel_name() -> str:
+    """The name of the kernel function being interpreted."""
+    return _kernel
+
+
+def enter(grid, bid, kernel: str = ""):
+    global _grid, _bid, _kernel
+    _grid, _bid, _kernel = grid, bid, kernel
 
 
 def leave():
@@ -63,3 +73,47 @@ def record_mma_operands():
 def note_mma(x_dtype, y_dtype):
     if _mma_operands is not None:
         _mma_operands.append((x_dtype, y_dtype))
+
+
+# A dict while track_writes() is active: id of each NumPy array the launchers allocated
+# (kernels.arrays.Backend.empty) -> (the array, its written-mask: True where a program stored).
+_written = None
+
+
+@contextlib.contextmanager
+def track_writes():
+    """Within the block, every NumPy array the launchers allocate carries a written-mask, and a
+    load or gather of one of its elements that no program has stored (in this launch or an
+    earlier one) raises RuntimeError naming the kernel, the array, the index and the program.
+
+    On the GPU such an element holds whatever the allocation held (compute-sanitizer's
+    initcheck reports it); a host write (a NaN fill) is not a program's store, so it does not
+    count. A load past the array's shape (a padding mode) reads no element: still legal."""
+    global _written
+    outer, _written = _written, {}
+    try:
+        yield
+    finally:
+        _written = outer
+
+
+def allocated(a: np.ndarray):
+    """Give a new array a written-mask (all unwritten) where track_writes() is active."""
+    if _written is not None:
+        _written[id(a)] = (a, np.zeros(a.shape, dtype=bool))
+
+
+def written_mask(a: np.ndarray):
+    """The written-mask of `a`, a tracked allocation or a view of one, as a view of the same
+    shape and strides (in elements); None for any other array."""
+    if not _written:
+        return None
+    owner = a if a.base is None else a.base
+    entry = _written.get(id(owner))
+    if entry is None or entry[0] is not owner:
+        return None
+    mask = entry[1].reshape(-1)
+    offset = (a.__array_interface__["data"][0] - owner.__array_interface__["data"][0]) \
+        // owner.itemsize
+    return as_strided(mask[offset:], shape=a.shape,
+                      strides=tuple(s // a.itemsize for s in a.strides))

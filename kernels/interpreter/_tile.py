@@ -359,11 +359,13 @@ class Writers:
 class Array:
     """A cuTile global array on the CPU: a NumPy array (a view: stores write through) and its dtype."""
 
-    __slots__ = ("_a", "_dtype", "_index_dtype", "_writers", "_offset")
+    __slots__ = ("_a", "_dtype", "_index_dtype", "_writers", "_offset", "name")
 
     def __init__(self, a: np.ndarray, index_dtype: ct.DType = ct.int32,
-                 writers: Writers | None = None, offset: tuple[int, ...] | None = None):
+                 writers: Writers | None = None, offset: tuple[int, ...] | None = None,
+                 name: str = "array"):
         self._a = a
+        self.name = name  # the kernel parameter it was passed as, for error messages
         self._dtype = ct_dtype_of_numpy(a.dtype)
         self._index_dtype = index_dtype  # int64 for ct.IndexedWithInt64 parameters
         self._writers = Writers(a.shape) if writers is None else writers
@@ -400,7 +402,7 @@ class Array:
             raise IndexError(f"Array.slice({start}, {stop}) out of range for axis {axis} of size {n}")
         key = (slice(None),) * axis + (slice(start, stop),)
         offset = tuple(o + (start if d == axis else 0) for d, o in enumerate(self._offset))
-        return Array(self._a[key], self._index_dtype, self._writers, offset)
+        return Array(self._a[key], self._index_dtype, self._writers, offset, self.name)
 
     def __getattr__(self, name):
         raise NotImplementedError(f"the interpreter does not support Array.{name}")
