@@ -110,10 +110,14 @@ def element_strides(a) -> tuple[int, ...]:
         return tuple(int(s) for s in a.stride())
     strides = getattr(a, "strides", None)
     if strides is None:
-        shape = tuple(int(n) for n in a.shape)
-        return tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
+        return contiguous_strides(tuple(int(n) for n in a.shape))
     itemsize = getattr(a, "itemsize", None) or a.dtype.itemsize
     return tuple(int(s) // itemsize for s in strides)
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides in elements of a C-contiguous array of `shape`."""
+    return tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
 
 
 def state_dtypes(x) -> tuple[str, ...]:

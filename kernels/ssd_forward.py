@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 
 from contract import (ACTIVATION_DTYPES, check_cu_seqlens, check_dt_limit, check_forward_args,
                       check_seq_idx_of_offsets, check_vector_values, cu_seqlens_values,
-                      dtype_name, element_strides, kernel_layout, state_dtype_name,
-                      weight_dtypes)
+                      contiguous_strides, dtype_name, element_strides, kernel_layout,
+                      state_dtype_name, weight_dtypes)
 from kernels import errors, tuning_table
 from kernels.arrays import GRID_YZ_MAX, backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
@@ -46,8 +46,9 @@ STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float3
 @dataclass(frozen=True)
 class ForwardArrays:
     """One forward's arrays (checked, laid out as the kernels take them, outputs allocated) and
-    options, as the launchers take them: `seg` is the (batch, seqlen) int32 segment ids of seq_idx, or None; `errors` the
-    call's error word (kernels.errors), None in a plan that is never run."""
+    options, as the launchers take them: `seg` is the (batch, seqlen) int32 segment ids of
+    seq_idx, or None; `errors` the call's error word (kernels.errors), None in a plan that is
+    never run."""
     x: Any
     dt: Any
     A: Any
@@ -117,7 +118,7 @@ def _scans(dims, sm_count: int) -> bool:
     """Whether the call's forward is the scan (kernels.ssd_scan.scan_runs), judged from its
     dimensions alone, as for float32 inputs (past SPLIT_MIN_WAVES every dtype's scan runs; a
     call whose arrays need int64 indices runs the two kernels, unsplit)."""
-    stand_in = lambda name: _Slot(name, dims.shape(name), "float32", None)  # noqa: E731
+    stand_in = lambda name: _Slot(name, dims.shape(name), "float32")  # noqa: E731
     return scan_runs(stand_in("x"), stand_in("B"), stand_in("dt_out"), (), sm_count)
 
 
@@ -140,9 +141,9 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     float32 in the kernels, as mamba_ssm reads them); final_states is float32.
 
     Arrays are read where they lie, strided views included (x, B, C, z, dt as torch.split
-    views of one projection, a batch or token slice): any layout whose strides are
-    non-negative and whose last dimension has unit stride runs without a copy; any other is
-    copied C-contiguous first (contract.kernel_layout; launch_plan(...).copies names them).
+    views of one projection, a batch or token slice, token-major views): any layout whose
+    strides are non-negative runs without a copy; one with a negative stride is copied
+    C-contiguous first (contract.kernel_layout; launch_plan(...).copies names them).
 
     Every argument's shape, dtype and device is checked before the first launch; then the
     kernels run in order (forward_launches: chunk_cumsum and the scan where its grid fills the
@@ -390,14 +391,13 @@ class _Slot:
 
     __slots__ = ("name", "shape", "dtype", "strides", "rows")
 
-    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, strides, rows=None):
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, strides=None, rows=None):
         self.name, self.shape, self.dtype, self.rows = name, shape, dtype, rows
         self.strides = strides
 
     def stride(self) -> tuple[int, ...]:
         """The strides in elements, as torch names them (contract.element_strides reads it)."""
-        shape = self.shape
-        return self.strides or tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
+        return self.strides or contiguous_strides(self.shape)
 
     def __getitem__(self, index: slice) -> _Slot:
         lo, hi, _ = index.indices(self.shape[0])
@@ -472,7 +472,7 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
     copies, slots = [], {}
     for name, a in given.items():
         if name == "seq_idx":  # the kernels read its segment ids, made C-contiguous
-            slots["seg"] = _Slot("seg", dims.shape("seq_idx"), "int32", None)
+            slots["seg"] = _Slot("seg", dims.shape("seq_idx"), "int32")
             continue
         laid_out = kernel_layout(a)
         copies += [] if laid_out else [name]
@@ -483,9 +483,9 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
                                                             and states != "float32"))
                     for name in OUTPUTS)
     for name, shape, like_x in outputs:
-        slots[name] = _Slot(name, shape, dtype_name(x) if like_x else "float32", None)
+        slots[name] = _Slot(name, shape, dtype_name(x) if like_x else "float32")
     arrays = ForwardArrays(*(slots.get(n) for n in FORWARD_INPUTS), dt_softplus, dt_limit,
-                           *(slots[n] for n in OUTPUTS), errors=_Slot("errors", (1,), "int32", None))
+                           *(slots[n] for n in OUTPUTS), errors=_Slot("errors", (1,), "int32"))
     table = tuning_table.table(backend)
     parts = tuple(tuple(PlannedLaunch(kernel, grid, tuple(None if isinstance(a, _Slot) else a
                                                           for a in args),
