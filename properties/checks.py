@@ -3,7 +3,9 @@ worst offending element, and return metrics (observed bound ratios) for `hypothe
 
 `PROPERTIES` maps each name to its check and its strategy; the tests, the nightly fuzzer, the
 replayer and the mutant runner all go through it. The backend is 'interpreter' (NumPy arrays:
-the kernels run on the CPU tile interpreter) or 'gpu' (CuPy arrays).
+the kernels run on the CPU tile interpreter) or 'gpu' (CuPy arrays). A problem's arrays reach
+the kernels laid out as its layout says (on_backend: views of a larger array, as callers pass
+them), wherever a property passes them to a kernel or to the forward.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from kernels.ssd_scan import ssd_scan_choices
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
 from properties.profiles import buckets, caps
-from properties.strategies import Problem, problems
+from properties.strategies import (LAID_OUT, WEIGHT_ARRAYS, Problem, conv_columns, problems,
+                                   projection_columns)
 
 BACKENDS = ("interpreter", "gpu")
 
@@ -98,24 +101,102 @@ def outputs_filled_with(value: float):
         Backend.empty = empty
 
 
-def _call(kernel, backend: str, *args, **kwargs):
-    """`kernel` on backend copies of the arguments, every output pre-filled with NaN (an element
-    the kernel fails to write cannot pass); outputs back as NumPy arrays."""
-    args = [to_backend(a, backend) if isinstance(a, np.ndarray) else a for a in args]
-    kwargs = {k: to_backend(v, backend) if isinstance(v, np.ndarray) else v
-              for k, v in kwargs.items()}
+def _call(kernel, backend: str, *args, laid_out_as: Problem | None = None, **kwargs):
+    """`kernel` on backend copies of the arguments (C-contiguous; those that are arrays of
+    problem `laid_out_as` laid out as its layout says: on_backend), every output pre-filled with
+    NaN (an element the kernel fails to write cannot pass); outputs back as NumPy arrays."""
+    views = {} if laid_out_as is None else {
+        id(getattr(laid_out_as, n)): a for n, a in on_backend(laid_out_as, backend).items()
+        if a is not None}
+
+    def move(a):
+        if not isinstance(a, np.ndarray):
+            return a
+        return views[id(a)] if id(a) in views else to_backend(a, backend)
+    return _run(kernel, *map(move, args), **{k: move(v) for k, v in kwargs.items()})
+
+
+def _run(kernel, *args, **kwargs):
+    """`kernel` on arguments already on the backend, every output pre-filled with NaN; outputs
+    back as NumPy arrays."""
     with outputs_filled_with(math.nan):
         out = kernel(*args, **kwargs)
     return tuple(to_host(o) for o in out) if isinstance(out, tuple) else to_host(out)
 
 
+def on_backend(p: Problem, backend: str, names=Problem.ARRAYS) -> dict:
+    """p's arrays `names` (None where absent) on `backend`, laid out as p.layout says
+    (strategies.LAYOUTS): those it lays out are views of a larger array built on the backend,
+    whose other elements are NaN (-1 for seq_idx), so that a kernel reading past a view's
+    elements cannot pass; the others C-contiguous copies (to_backend)."""
+    present = {n: getattr(p, n) for n in names if getattr(p, n) is not None}
+    laid = {n: a for n, a in present.items() if n in LAID_OUT[p.layout]}
+    out = {n: None for n in names} | {n: to_backend(a, backend) for n, a in present.items()
+                                      if n not in laid}
+    if p.layout in ("projection", "token_major"):
+        d = p.dims
+        # token-major x, B, C: channels of one (batch, channels, seqlen) array, transposed
+        conv = {n: a for n, a in laid.items()
+                if p.layout == "token_major" and n in conv_columns(d)}
+        rest = {n: a for n, a in laid.items() if n not in conv}
+        return (out | _column_views(conv, conv_columns(d), backend, tokens_last=True)
+                | _column_views(rest, projection_columns(d), backend, tokens_last=False))
+    # a slice [1:] of the batch axis or of the token axis of an array one longer there
+    axis = 0 if p.layout == "batch_slice" else 1
+    index = (slice(None),) * axis + (slice(1, None),)
+    for n, a in laid.items():
+        shape = list(a.shape)
+        shape[axis] += 1
+        whole = np.full(shape, _outside(a.dtype), a.dtype)
+        whole[index] = a
+        out[n] = to_backend(whole, backend)[index]
+    return out
+
+
+def _column_views(arrays: dict, columns: dict, backend: str, tokens_last: bool) -> dict:
+    """`arrays` (batch, seqlen, ...) as views of their columns (`columns`: first, count) of one
+    (batch, seqlen, width) array per dtype among them, built on `backend`, NaN elsewhere; where
+    `tokens_last`, that array lies (batch, width, seqlen), C-contiguous, and is viewed
+    transposed."""
+    views = {}
+    width = sum(w for _, w in columns.values())
+    for dtype in {a.dtype for a in arrays.values()}:  # dt may be float32 beside 16-bit x
+        rows = {n: a for n, a in arrays.items() if a.dtype == dtype}
+        batch, seqlen = next(iter(rows.values())).shape[:2]
+        whole = np.full((batch, seqlen, width), _outside(dtype), dtype)
+        for n, a in rows.items():
+            lo, w = columns[n]
+            whole[:, :, lo:lo + w] = a.reshape(batch, seqlen, w)
+        if tokens_last:
+            whole = to_backend(np.ascontiguousarray(whole.swapaxes(1, 2)),
+                               backend).swapaxes(1, 2)
+        else:
+            whole = to_backend(whole, backend)
+        for n, a in rows.items():
+            lo, w = columns[n]
+            views[n] = whole[:, :, lo:lo + w].reshape(a.shape)  # a view: its last axis split
+    return views
+
+
+def _outside(dtype):
+    """What on_backend puts outside its views: NaN, or -1 for integers (seq_idx)."""
+    return -1 if np.dtype(dtype).kind in "iu" else math.nan
+
+
 def forward(p: Problem, backend: str):
-    """(y, final_states) of ssd_forward on the backend (on the GPU, a problem in bfloat16 runs
-    on torch tensors, every array alike: CuPy has no bfloat16)."""
+    """(y, final_states) of ssd_forward on the backend, its arrays laid out as p.layout says
+    (on the GPU, a problem in bfloat16 runs on torch tensors, every array alike: CuPy has no
+    bfloat16). Every layout is one the kernels read in place: AssertionError where the call's
+    launch plan copies an array."""
     if p.x.dtype == ml_dtypes.bfloat16:
         backend = _narrow_backend(backend)
-    return _call(ssd_forward, backend, p.x, p.dt, p.A, p.B, p.C, p.chunk_size,
-                 return_final_states=True, **p.options())
+    arrays = on_backend(p, backend)
+    options = dict(chunk_size=p.chunk_size, dt_softplus=p.dt_softplus, dt_limit=p.dt_limit)
+    copies = launch_plan(**arrays, **options).copies
+    if copies:
+        raise AssertionError(f"ssd_forward copies {copies} of layout {p.layout!r} (every "
+                             f"layout of strategies.LAYOUTS is read in place)\n  {p.describe()}")
+    return _run(ssd_forward, **arrays, **options, return_final_states=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,36 +363,47 @@ def _pow2_scale(m: float, top: float) -> float:
 
 
 def _as_float16(p: Problem) -> Problem:
-    """p with x, B, C, z in float16, inside float16's range: x, B, C first scaled by powers of
-    two (exact) to magnitudes <= 2^10, then x and initial_states together (y is linear in them
-    jointly) until the float64 y of the float16 values is <= FP16_Y_MAX. What rounds to a
-    float16 subnormal or to zero is part of the problem: the reference reads the same values."""
+    """p with x, B, C, z in float16, and where p.weights is "activation" dt, dt_bias, D and
+    initial_states too (A stays float32), inside float16's range: x, B, C, and initial_states
+    where it is float16, first scaled by powers of two (exact) to magnitudes <= 2^10 (dt,
+    dt_bias and D are far inside it: strategies.problem), then x and initial_states together
+    (y is linear in them jointly) until the float64 y of the float16 values is <= FP16_Y_MAX.
+    What rounds to a float16 subnormal or to zero is part of the problem: the reference reads
+    the same values."""
     f16 = lambda a, scale=1.0: None if a is None else (np.asarray(a, np.float64) * scale).astype(
         np.float16)
     x, B, C = (f16(a, _pow2_scale(_max_abs(a)[0], 2.0 ** 10)) for a in (p.x, p.B, p.C))
     q = p.replace(x=x, B=B, C=C, z=f16(p.z))
+    if p.weights == "activation":
+        q = q.replace(dt=f16(p.dt), dt_bias=f16(p.dt_bias), D=f16(p.D), initial_states=f16(
+            p.initial_states, _pow2_scale(_max_abs(p.initial_states)[0], 2.0 ** 10)))
     y_ref, _ = R.ssd_recurrent(q.x, q.dt, q.A, q.B, q.C, **q.options())
     scale = _pow2_scale(_max_abs(y_ref)[0], FP16_Y_MAX)
     if scale == 1.0:
         return q
-    return q.replace(x=f16(q.x, scale), initial_states=None if q.initial_states is None else
-                     _f32(np.asarray(q.initial_states, np.float64) * scale))
+    init = q.initial_states
+    return q.replace(x=f16(q.x, scale), initial_states=None if init is None else
+                     (np.asarray(init, np.float64) * scale).astype(init.dtype))
 
 
 def _as_bfloat16(p: Problem) -> Problem:
-    """p with x, B, C, z in bfloat16 (rounded to nearest; bfloat16 has float32's exponent
-    range, so nothing is scaled): the reference reads the same values."""
+    """p with x, B, C, z in bfloat16, and where p.weights is "activation" dt, dt_bias, D and
+    initial_states too, and A where p.narrow_A (rounded to nearest; bfloat16 has float32's
+    exponent range, so nothing is scaled): the reference reads the same values."""
     bf16 = lambda a: None if a is None else np.asarray(a, np.float32).astype(  # noqa: E731
         ml_dtypes.bfloat16)
-    return p.replace(x=bf16(p.x), B=bf16(p.B), C=bf16(p.C), z=bf16(p.z))
+    names = ("x", "B", "C", "z", *(WEIGHT_ARRAYS if p.weights == "activation" else ()),
+             *(("A",) if p.narrow_A else ()))
+    return p.replace(**{n: bf16(getattr(p, n)) for n in names})
 
 
 def forward_bf16_bound(p: Problem, backend: str) -> dict:
-    """ssd_forward with x, B, C, z in bfloat16 (the rest float32; on the GPU as torch tensors,
-    CuPy has no bfloat16): its products take bfloat16 operands; y in bfloat16 within
-    narrow_output_bound of the float64 forward of the bfloat16 values, final_states (float32)
-    within its bound, both at kappa of bfloat16 operands, and of bfloat16 chunk states where the
-    forward keeps chunk states (_keeps_chunk_states)."""
+    """ssd_forward with x, B, C, z in bfloat16, the weights as p's say (_as_bfloat16; the rest
+    float32; on the GPU as torch tensors, CuPy has no bfloat16): its products take bfloat16
+    operands, its weights are widened exactly; y in bfloat16 within narrow_output_bound of the
+    float64 forward of the bfloat16 values, final_states (float32) within its bound, both at
+    kappa of bfloat16 operands, and of bfloat16 chunk states where the forward keeps chunk
+    states (_keeps_chunk_states)."""
     q = _as_bfloat16(p)
     y, final = forward(q, backend)
     if y.dtype != ml_dtypes.bfloat16 or final.dtype != np.float32:
@@ -332,21 +424,18 @@ def forward_bf16_bound(p: Problem, backend: str) -> dict:
 def _keeps_chunk_states(q: Problem, backend: str) -> bool:
     """Whether ssd_forward on q's arrays, on `backend`, stores chunk states between its kernels
     (the three-kernel path; the scan keeps its state in registers): its launch plan's outputs."""
-    arrays = {n: to_backend(getattr(q, n), backend) for n in ("x", "dt", "A", "B", "C", "D", "z",
-                                                              "dt_bias", "initial_states",
-                                                              "seq_idx")}
-    plan = launch_plan(**arrays, chunk_size=q.chunk_size, dt_softplus=q.dt_softplus,
-                       dt_limit=q.dt_limit)
+    plan = launch_plan(**on_backend(q, backend), chunk_size=q.chunk_size,
+                       dt_softplus=q.dt_softplus, dt_limit=q.dt_limit)
     return any(name == "chunk_states" for name, _, _ in plan.outputs)
 
 
 def forward_fp16_bound(p: Problem, backend: str) -> dict:
-    """ssd_forward with x, B, C, z in float16 (dt, A, D, dt_bias, initial_states float32): y in
-    float16 within narrow_output_bound of the float64 forward of the float16 values,
-    final_states (float32) within its bound, both at kappa of float16 inputs (their products
-    take TF32 operands); and the same problem with its decayed weights pushed past float16's
-    range (_weights_past_float16), which a product rounding them to float16 would make inf,
-    within the same bound."""
+    """ssd_forward with x, B, C, z in float16 (dt, D, dt_bias, initial_states float32 or float16
+    as p's weights say, A float32: _as_float16): y in float16 within narrow_output_bound of the
+    float64 forward of the float16 values, final_states (float32) within its bound, both at
+    kappa of float16 inputs (their products take TF32 operands); and the same problem with its
+    decayed weights pushed past float16's range (_weights_past_float16), which a product
+    rounding them to float16 would make inf, within the same bound."""
     q = _as_float16(p)
     pushed = _weights_past_float16(q)
     return _merge(_fp16_forward_within_bound("fp16", q, backend),
@@ -397,7 +486,7 @@ def _weights_past_float16(q: Problem) -> Problem | None:
 def chunk_cumsum_alone(p: Problem, backend: str) -> dict:
     """chunk_cumsum alone: dt_out within C_DT u32 relative, dA_cumsum within gamma |a|."""
     args = (p.chunk_size, p.dt_bias, p.dt_softplus, p.dt_limit)
-    dt_out, dA = _call(chunk_cumsum, backend, p.dt, p.A, *args)
+    dt_out, dA = _call(chunk_cumsum, backend, p.dt, p.A, *args, laid_out_as=p)
     dt_ref, dA_ref = R.chunk_cumsum_ref(p.dt, p.A, *args)
     dt_bound, dA_bound = chunk_cumsum_bound(dt_ref, dA_ref, p.chunk_size)
     # + the flush-to-zero allowance: every term dt * A below 2^-126 may vanish; the observed
@@ -447,7 +536,8 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     rules = fwd_pass_state_rules(d.batch, d.nheads, d.headdim, d.dstate, d.chunk_size, 1)
     for mode, (name, tiles) in itertools.product(MODES, FWD_PASS_STATE_TILES.items()):
         states, final = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states,
-                              p.seq_idx, choice=rules._replace(mode=mode, **tiles))
+                              p.seq_idx, choice=rules._replace(mode=mode, **tiles),
+                              laid_out_as=p)
         metrics += [
             check_close(f"fwd_pass_state ({mode}, {name} tiles) chunk_states", states,
                         states_ref, tf32_bound(states_M, k) + floor, states_M, p, floor=floor),
@@ -464,7 +554,7 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate, "bfloat16")
     floor = _floor(wide, dt_out, *mags)
     outs = _call(fwd_pass_state, _narrow_backend(backend), q.x, q.B, dt_out, dA,
-                 q.initial_states, q.seq_idx)
+                 q.initial_states, q.seq_idx, laid_out_as=q)
     for what, out, ref, M in zip(("chunk_states", "final_states"), outs, refs, mags):
         metrics.append(check_close(f"fwd_pass_state bf16 {what}", out, ref,
                                    tf32_bound(M, k) + floor, M, wide, floor=floor))
@@ -472,7 +562,7 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     for mode in MODES:  # the chunk states stored in bfloat16: the increments too, in parallel
         states, final = _call(fwd_pass_state, _narrow_backend(backend), q.x, q.B, dt_out, dA,
                               q.initial_states, q.seq_idx, choice=rules._replace(mode=mode),
-                              state_dtype="bfloat16")
+                              state_dtype="bfloat16", laid_out_as=q)
         if states.dtype != ml_dtypes.bfloat16:
             raise AssertionError(f"state_dtype bfloat16 gave chunk_states {states.dtype}\n  "
                                  f"{wide.describe()}")
@@ -528,7 +618,7 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
                          f"{p.describe()}")
     metrics = []
     for choice in choices:
-        y = _call(compute_out, backend, *args, choice=choice)
+        y = _call(compute_out, backend, *args, choice=choice, laid_out_as=p)
         metrics.append(check_close(
             f"compute_out ({choice.layout}, {choice.heads} heads, occupancy {choice.occupancy}, "
             f"block_t {choice.block_t}) y", y, y_ref, bound + floor, M, p, floor=floor))
@@ -542,32 +632,34 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
     floor = _floor(wide, dt_out, states)
     bound = tf32_bound(M, kappa("compute_out", d.seqlen, d.chunk_size, d.dstate, "bfloat16"))
     y = _call(compute_out, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA, states, q.D, q.z,
-              q.seq_idx)
+              q.seq_idx, laid_out_as=q)
     metrics.append(check_close("compute_out bf16 y", y.astype(np.float64), y_ref,
                                narrow_output_bound(y_ref, bound + floor, "bfloat16"), M, wide,
                                floor=floor))
     # chunk states stored in bfloat16 (state_dtype) are the state operand compute_out rounds
     # float32 ones to (nearest even): the same y, bit for bit
     y16 = _call(compute_out, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA,
-                states.astype(ml_dtypes.bfloat16), q.D, q.z, q.seq_idx)
+                states.astype(ml_dtypes.bfloat16), q.D, q.z, q.seq_idx, laid_out_as=q)
     check_identical("compute_out bf16 y of bfloat16 chunk states", y16, y, wide)
     return _merge(*metrics)
 
 
 def _wide(q: Problem) -> Problem:
-    """q with its activations (x, B, C, z) as float64: the reference of their own values."""
+    """q with its floating arrays (the activations x, B, C, z and the weights dt, A, dt_bias,
+    D, initial_states) as float64: the reference of their own values."""
     return q.replace(**{n: None if getattr(q, n) is None else
-                        np.asarray(getattr(q, n), np.float64) for n in ("x", "B", "C", "z")})
+                        np.asarray(getattr(q, n), np.float64)
+                        for n in ("x", "B", "C", "z", "dt", "A", "dt_bias", "D",
+                                  "initial_states")})
 
 
 def ssd_scan_alone(p: Problem, backend: str) -> dict:
     """ssd_scan alone (fp32-exact dt_out, dA_cumsum) in every choice the shape allows at the
-    example's hints (occupancy, worker warps), and on the GPU (whose forward runs the scan on
-    large grids only)
-    in bfloat16 as torch tensors at the rules' choice: y and final_states within the forward's
-    bounds (the scan's roundings are the forward's: accumulation_length counts its state's token
-    blocks). On the interpreter (one SM) the forward is the scan, so forward_bf16_bound checks
-    its bfloat16 path."""
+    example's hints (occupancy, worker warps), and in bfloat16 (on the GPU as torch tensors),
+    its weights as the example's say (_as_bfloat16), at the rules' choice: y and final_states
+    within the forward's bounds (the scan's roundings are the forward's: accumulation_length
+    counts its state's token blocks). The GPU's forward runs the scan on large grids only, and
+    the property suite's grids are small: the scan's launches of every kind are checked here."""
     dt_out, dA, _ = _exact_upstream(p)
     hints = (p.params.get("occupancy", SCAN_RULES_CHOICE.occupancy),
              p.params.get("warps", SCAN_RULES_CHOICE.warps))
@@ -579,7 +671,7 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
     for choice in ssd_scan_choices(p.x, p.B):
         if (choice.occupancy, choice.warps) != hints:
             continue
-        y, final = _call(ssd_scan, backend, p.x, *args, **kw, choice=choice)
+        y, final = _call(ssd_scan, backend, p.x, *args, **kw, choice=choice, laid_out_as=p)
         name = (f"ssd_scan ({choice.heads} heads, block_p {choice.block_p}, occupancy "
                 f"{choice.occupancy}, worker warps {choice.warps})")
         metrics += [check_close(f"{name} y", y, y_ref, b.y, b.M, p, floor=b.floor),
@@ -589,12 +681,11 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
         raise ValueError(f"ssd_scan_alone: no choice at hints (occupancy, worker warps) "
                          f"{hints!r} (OCCUPANCIES {SCAN_OCCUPANCIES}, WORKER_WARPS "
                          f"{SCAN_WORKER_WARPS})\n  {p.describe()}")
-    if backend == "interpreter":  # its forward is the scan: forward_bf16_bound checks that
-        return _merge(*metrics)
     q = _as_bfloat16(p)
-    y, final = _call(ssd_scan, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA, D=q.D, z=q.z,
-                     initial_states=q.initial_states, seq_idx=q.seq_idx)
     wide = _wide(q)
+    dt_out, dA, _ = _exact_upstream(wide)
+    y, final = _call(ssd_scan, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA, D=q.D, z=q.z,
+                     initial_states=q.initial_states, seq_idx=q.seq_idx, laid_out_as=q)
     y_ref, final_ref = R.ssd_recurrent(wide.x, wide.dt, wide.A, wide.B, wide.C,
                                        **wide.options())
     b = forward_bounds(wide, operands="bfloat16", stored_states=False)  # the scan keeps none
@@ -611,9 +702,11 @@ def three_kernels(p: Problem, backend: str):
     the forward where it does not take the scan (a small grid on a GPU; never on the
     interpreter, whose one SM takes the scan wherever it can run)."""
     dt_out, dA = _call(chunk_cumsum, backend, p.dt, p.A, p.chunk_size, p.dt_bias, p.dt_softplus,
-                       p.dt_limit)
-    states, _ = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states, p.seq_idx)
-    return _call(compute_out, backend, p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx)
+                       p.dt_limit, laid_out_as=p)
+    states, _ = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states, p.seq_idx,
+                      laid_out_as=p)
+    return _call(compute_out, backend, p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx,
+                 laid_out_as=p)
 
 
 def causal_prefix(p: Problem, backend: str) -> dict:
@@ -655,36 +748,39 @@ def packed_offsets(seqlen: int, lengths: list[int]) -> np.ndarray:
 def varlen_packed(p: Problem, backend: str) -> dict:
     """The first batch row of p cut into sequences at the drawn lengths (0, 1, chunk - 1, chunk,
     chunk + 1 and several chunks among the draws; packed_offsets), each from its own random
-    initial state: ssd_forward(cu_seqlens=...) equals a call per sequence, y and each
-    sequence's final state within that sequence's own forward bounds (forward_bounds of the
-    sequence alone); an empty sequence's state is its initial state, bit for bit. The same row
-    again with x, B, C, z in bfloat16 (its own kernel object; on the GPU as torch tensors), y
-    within narrow_output_bound at kappa of bfloat16 operands. Without drawn lengths (a cover
+    initial state, the arrays laid out as p's layout says: ssd_forward(cu_seqlens=...) equals a
+    call per sequence, y and each sequence's final state within that sequence's own forward
+    bounds (forward_bounds of the sequence alone); an empty sequence's state is its initial
+    state, bit for bit. The same row again with x, B, C, z in bfloat16 (its own kernel object;
+    on the GPU as torch tensors), the weights and the initial states as p's say (_as_bfloat16),
+    y within narrow_output_bound at kappa of bfloat16 operands. Without drawn lengths (a cover
     problem): 0, 1, chunk - 1, chunk, chunk + 1, then the rest."""
     row = lambda a: None if a is None else a[:1]  # noqa: E731
-    q = p.replace(x=row(p.x), dt=row(p.dt), B=row(p.B), C=row(p.C), z=row(p.z), seq_idx=None,
-                  initial_states=None)
-    d = q.dims
-    q_size = q.chunk_size
+    d, q_size = p.dims, p.chunk_size
     cu = packed_offsets(d.seqlen, p.params.get("lengths", [0, 1, q_size - 1, q_size, q_size + 1]))
     rng = np.random.default_rng(p.params.get("seed", 0))
     h0 = rng.standard_normal((len(cu) - 1, d.nheads, d.headdim, d.dstate)).astype(np.float32)
-    return _merge(_packed_against_alone(q, cu, h0, backend),
-                  _packed_against_alone(_as_bfloat16(q), cu, h0, _narrow_backend(backend)))
+    q = p.replace(x=row(p.x), dt=row(p.dt), B=row(p.B), C=row(p.C), z=row(p.z), seq_idx=None,
+                  initial_states=h0)  # a state per sequence
+    return _merge(_packed_against_alone(q, cu, backend),
+                  _packed_against_alone(_as_bfloat16(q), cu, _narrow_backend(backend)))
 
 
-def _packed_against_alone(q: Problem, cu, h0, backend: str) -> dict:
-    """varlen_packed's check of one packed row q (float32 or bfloat16 activations)."""
+def _packed_against_alone(q: Problem, cu, backend: str) -> dict:
+    """varlen_packed's check of one packed row q (float32 or bfloat16 activations; its
+    initial_states one per sequence of cu)."""
     narrow = q.x.dtype == ml_dtypes.bfloat16
+    h0 = q.initial_states
     opts = dict(D=q.D, z=q.z, dt_bias=q.dt_bias, dt_softplus=q.dt_softplus, dt_limit=q.dt_limit)
     y, states = _call(ssd_forward, backend, q.x, q.dt, q.A, q.B, q.C, q.chunk_size,
-                      initial_states=h0, cu_seqlens=cu, return_varlen_states=True, **opts)
+                      initial_states=h0, cu_seqlens=cu, return_varlen_states=True,
+                      laid_out_as=q, **opts)
     metrics = []
     for k in range(len(cu) - 1):
         lo, hi = int(cu[k]), int(cu[k + 1])
-        if lo == hi:
-            check_identical(f"sequence {k}'s state (empty: its initial state)", states[k], h0[k],
-                            q)
+        if lo == hi:  # its initial state widened to float32 (exact), bit for bit
+            check_identical(f"sequence {k}'s state (empty: its initial state)", states[k],
+                            np.asarray(h0[k], np.float32), q)
             continue
         cut = lambda a: None if a is None else a[:, lo:hi]  # noqa: E731
         alone = _wide(q.replace(x=cut(q.x), dt=cut(q.dt), B=cut(q.B), C=cut(q.C), z=cut(q.z),
@@ -706,7 +802,7 @@ def _packed_against_alone(q: Problem, cu, h0, backend: str) -> dict:
 def cumsum_non_increasing(p: Problem, backend: str) -> dict:
     """chunk_cumsum's dA_cumsum: finite, <= 0, non-increasing within every chunk."""
     _, dA = _call(chunk_cumsum, backend, p.dt, p.A, p.chunk_size, p.dt_bias, p.dt_softplus,
-                  p.dt_limit)
+                  p.dt_limit, laid_out_as=p)
     if not np.isfinite(dA).all():
         raise AssertionError(f"dA_cumsum has non-finite entries\n  {p.describe()}")
     if (dA > 0).any():

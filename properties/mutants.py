@@ -268,12 +268,29 @@ CATALOGUE = [
            "LT = ct.where(keep, ct.exp2(ct.minimum((a_ts[i_k] - a_s).astype(ct.bfloat16)"
            ".astype(ct.float32), 0.0)), 0.0)",
            "the in-chunk decay's exponent is taken in bfloat16"),
+    # the arrays as callers lay them out (properties.strategies.LAYOUTS) and the weights in
+    # the activations' 16-bit dtype (contract.weight_dtypes)
+    Mutant("strides_lost", "kernels/ssd_forward.py",
+           "        arrays = dict(zip(INPUTS, given))\n",
+           "        arrays = dict(zip(INPUTS, (a if a is None or min(a.strides) < 0 else\n"
+           "            __import__(\"numpy\").lib.stride_tricks.as_strided(a, strides=tuple(\n"
+           "                a.itemsize * math.prod(a.shape[k + 1:]) for k in range(a.ndim)))\n"
+           "            for a in given)))\n",
+           "a strided view passed on as if C-contiguous: the kernels read the elements that follow "
+           "its first in memory (a projection's next columns, a slice's next row, the next token "
+           "of a token-major view)"),
+    Mutant("narrow_dt_unwidened", "kernels/chunk_cumsum.py",
+           "v = ct.minimum(ct.maximum(v, DT_MIN), DT_MAX)",
+           "v = ct.minimum(ct.maximum(v, DT_MIN), DT_MAX).astype(dt.dtype).astype(ct.float32)",
+           "chunk_cumsum keeps the processed dt (bias, softplus, clamp) in dt's own dtype: a "
+           "16-bit dt's step sizes, and so every decay, rounded to 16 bits"),
     # the launch plan's cache key (kernels.ssd_forward.plan_key): a key blind to something a plan
     # reads hands one signature's plan to another
     Mutant("plan_key_blind_to_strides", "kernels/ssd_forward.py",
            "return lambda a: (a.shape, a.strides, a.dtype)",
            "return lambda a: (a.shape, a.dtype)",
-           "a strided view takes the plan of a contiguous array: no copy, wrong elements read"),
+           "a call takes the plan of another stride pattern: a layout the kernels cannot read "
+           "in place (a reversed view) goes to them uncopied"),
     Mutant("plan_key_blind_to_options", "kernels/ssd_forward.py",
            "chunk_size, bool(dt_softplus),", "chunk_size,",
            "dt_softplus on takes the plan of dt_softplus off"),

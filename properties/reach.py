@@ -4,15 +4,18 @@ that the property suite launched every class reachable at the profile's caps.
 A launch's classes (`classes`) are read from what the launcher passes, not from the problem: the
 kernel object (function, index width, occupancy hint); for each tiled dimension, the count of
 its blocks (1, 2, 3+) and whether the last block is full or partial; the program's choices (heads
-per program, the token block, products per chunk, the mode); each option flag. The classes
-reachable at a profile's caps (`reachable`) come from running the launchers on stand-in arrays
-(a shape and a dtype, no data) over the sizes the strategies can draw (`strategies.drawable`),
-each launch the properties make: the forward by the rules, fwd_pass_state in each mode at the
-rules' and at small tiles, compute_out and ssd_scan in each of their choices. `cover` picks a
-few problems that launch every such class: the property tests run them as explicit examples, so the check
-rests on no drawn example's luck. Classes that need sizes beyond the caps (`beyond_caps`:
-arrays of 2^31 elements or more, the int64-indexed objects) are listed with where they are
-tested instead.
+per program, the token block, products per chunk, the mode); each option flag; the layout of
+each of the call's arrays it takes (contiguous, strided, or strided in its last axis too, as the
+properties lay them out: strategies.LAYOUTS), and the dtype of each weight (dt, A, dt_bias, D,
+initial_states). The classes reachable at a profile's caps (`reachable`) come from running the
+launchers on stand-in arrays (a shape, a dtype and strides, no data) over the sizes, layouts
+and weights the strategies can draw (`strategies.drawable`), each launch the properties make:
+the forward by the rules in float32, bfloat16 and float16, fwd_pass_state in each mode at the
+rules' and at small tiles, compute_out and ssd_scan in each of their choices, each kernel alone
+in bfloat16. `cover` picks a few problems that launch every such class: the property tests run
+them as explicit examples, so the check rests on no drawn example's luck. Classes that need
+sizes beyond the caps (`beyond_caps`: arrays of 2^31 elements or more, the int64-indexed
+objects) are listed with where they are tested instead.
 
     python -m properties.reach            # the classes reachable at the active profile's caps
 """
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import cuda.tile as ct
 
-from contract import Dims
+from contract import Dims, dtype_name, element_strides
 from kernels.arrays import Backend, index_dtype, needs_int64
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, compute_out_choices, compute_out_launch
 from kernels.fwd_pass_state import MODES, fwd_pass_state_launches
@@ -45,7 +48,7 @@ from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices, ssd_scan_launch
 from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices
 from properties.profiles import Caps
-from properties.strategies import drawable
+from properties.strategies import LAID_OUT, LAYOUTS, drawable, layout_strides
 
 # Where the classes that no size within the caps reaches are tested.
 BEYOND_CAPS_COVERED_BY = {
@@ -166,6 +169,35 @@ CLASSES_OF = {"_chunk_cumsum_kernel": _chunk_cumsum, "_fwd_pass_state_kernel": _
               "_ssd_varlen_kernel": _ssd_varlen,
               "_ssd_varlen_refused_kernel": _ssd_varlen_refused}
 
+# The call's arrays (ssd_forward's, by the names the kernels give them), each with the flag that
+# says a launch takes it where it is optional (a kernel gets a placeholder array else); those
+# the properties lay out (strategies.LAID_OUT; seq_idx reaches the kernels as its segment ids,
+# made C-contiguous), and the weights, which may be float32 or the activations' 16-bit dtype
+CALL_ARRAYS = {"x": None, "dt": None, "A": None, "B": None, "C": None, "D": "HAS_D",
+               "z": "HAS_Z", "dt_bias": "HAS_DT_BIAS", "initial_states": "HAS_INITIAL_STATES"}
+LAID_OUT_ARRAYS = {n for names in LAID_OUT.values() for n in names} - {"seq_idx"}
+WEIGHTS = ("dt", "A", "dt_bias", "D", "initial_states")
+
+
+def _call_arrays(a: dict) -> dict:
+    """Each of the call's arrays a launch takes, where the properties lay it out: contiguous,
+    strided (a view that is not C-contiguous: strides other than C-contiguous ones in a
+    dimension of 2 elements or more) with a unit last stride, or strided in its last axis too
+    (token-major views: cuTile specializes a launch on unit strides); each weight's dtype."""
+    out = {}
+    for name, flag in CALL_ARRAYS.items():
+        if name not in a or (flag is not None and not a[flag]):
+            continue
+        if name in LAID_OUT_ARRAYS:
+            shape, strides = tuple(int(n) for n in a[name].shape), element_strides(a[name])
+            contiguous = (math.prod(shape[k + 1:]) for k in range(len(shape)))
+            strided = [n > 1 and s != c for n, s, c in zip(shape, strides, contiguous)]
+            out[f"{name} layout"] = ("strided last axis" if strided[-1] else "strided"
+                                     if any(strided) else "contiguous")
+        if name in WEIGHTS:
+            out[f"{name} dtype"] = dtype_name(a[name])
+    return out
+
 
 def classes(kernel, grid, args) -> set[str]:
     """The classes of one launch: 'kernel function: what = value' strings."""
@@ -175,7 +207,8 @@ def classes(kernel, grid, args) -> set[str]:
     found = {f"{name}: object = {_index_width(kernel)}, occupancy "
              f"{kernel._compiler_options.occupancy or 'default'}",
              f"{name}: batch = {_count(batch)}"}
-    found |= {f"{name}: {what} = {value}" for what, value in CLASSES_OF[name](a).items()}
+    found |= {f"{name}: {what} = {value}"
+              for what, value in (CLASSES_OF[name](a) | _call_arrays(a)).items()}
     return found
 
 
@@ -184,58 +217,94 @@ def classes(kernel, grid, args) -> set[str]:
 
 
 class _Stand:
-    """A stand-in array: a shape and a dtype name; a slice of its first dimension is one."""
+    """A stand-in array: a shape, a dtype name and strides in elements (None: C-contiguous); a
+    slice of its first dimension is one."""
 
-    def __init__(self, shape, dtype="float32"):
+    def __init__(self, shape, dtype="float32", strides=None):
         self.shape, self.dtype, self.ndim = tuple(shape), dtype, len(shape)
+        self.strides_in_elements = strides or tuple(math.prod(self.shape[k + 1:])
+                                                    for k in range(self.ndim))
+
+    def stride(self) -> tuple[int, ...]:
+        """The strides in elements, as torch names them (contract.element_strides reads it)."""
+        return self.strides_in_elements
 
     def __getitem__(self, index: slice) -> "_Stand":
-        return _Stand((len(range(self.shape[0])[index]), *self.shape[1:]), self.dtype)
+        return _Stand((len(range(self.shape[0])[index]), *self.shape[1:]), self.dtype,
+                      self.strides_in_elements)
 
 
 # every option on its own and all of them at once, and none
+_ALL = dict(D="channel", z=True, dt_bias=True, softplus=True, dt_limit=(1e-4, 1.0),
+            initial_states=True, seq_idx=True)
 _OPTIONS = [dict(), dict(D="head"), dict(D="channel"), dict(z=True), dict(dt_bias=True),
             dict(softplus=True), dict(dt_limit=(1e-3, 0.1)), dict(initial_states=True),
-            dict(seq_idx=True),
-            dict(D="channel", z=True, dt_bias=True, softplus=True, dt_limit=(1e-4, 1.0),
-                 initial_states=True, seq_idx=True)]
+            dict(seq_idx=True), _ALL]
+# each layout other than C-contiguous with every option, and without seq_idx (compute_out's
+# program per chunk runs without it only); the weights in the activations' dtype, A too
+_LAYOUTS_AND_WEIGHTS = [
+    *(dict(options, layout=layout) for layout in LAYOUTS[1:]
+      for options in (_ALL, dict(z=True, initial_states=True))),
+    dict(_ALL, weights="activation", narrow_A=True)]
 
 
 def _arrays(d: Dims, opts: dict, activations: str = "float32") -> ForwardArrays:
-    """Stand-ins of ssd_forward's arrays: x, B, C, z and y in `activations`, the rest float32."""
-    s = lambda name, dtype="float32": _Stand(d.shape(name), dtype)  # noqa: E731
+    """Stand-ins of ssd_forward's arrays as the properties pass them (properties.checks:
+    on_backend, _as_bfloat16, _as_float16): x, B, C, z and y in `activations`; dt, dt_bias, D
+    and initial_states in it too where opts' weights are "activation" and it is 16-bit, A where
+    opts' narrow_A and it is bfloat16; the rest float32; laid out as opts' layout says
+    (strategies.layout_strides; seq_idx's segment ids C-contiguous)."""
+    layout = opts.get("layout", "contiguous")
+    narrow = activations != "float32" and opts.get("weights") == "activation"
+    weight = activations if narrow else "float32"
+    A = activations if activations == "bfloat16" and opts.get("narrow_A") else "float32"
+    s = lambda name, dtype="float32": _Stand(  # noqa: E731
+        d.shape(name), dtype, layout_strides(layout, d, name) if name in LAID_OUT[layout]
+        else None)
     a = lambda name: s(name, activations)  # noqa: E731
-    D = {"head": _Stand((d.nheads,)), "channel": s("D")}.get(opts.get("D"))
+    w = lambda name: s(name, weight)  # noqa: E731
+    D = {"head": _Stand((d.nheads,), weight), "channel": w("D")}.get(opts.get("D"))
     return ForwardArrays(
-        a("x"), s("dt"), s("A"), a("B"), a("C"), D, a("z") if opts.get("z") else None,
-        s("dt_bias") if opts.get("dt_bias") else None,
-        s("initial_states") if opts.get("initial_states") else None,
-        s("seq_idx", "int32") if opts.get("seq_idx") else None,
+        a("x"), w("dt"), s("A", A), a("B"), a("C"), D, a("z") if opts.get("z") else None,
+        w("dt_bias") if opts.get("dt_bias") else None,
+        w("initial_states") if opts.get("initial_states") else None,
+        _Stand(d.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
         opts.get("softplus", False), opts.get("dt_limit", (0.0, math.inf)), s("dt_out"),
         s("dA_cumsum"), s("chunk_states"), s("final_states"), a("y"), _Stand((1,), "int32"))
 
 
 def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) -> list:
-    """The launches one property kind makes on a problem: "forward" (ssd_forward by the rules),
-    "fwd_pass_state_alone" (each mode at each tile set of FWD_PASS_STATE_TILES),
-    "compute_out_alone" (its choices at `params`' occupancy and token block, as
-    properties.checks.compute_out_alone runs them; every choice where params is None),
-    "ssd_scan_alone" (its choices at `params`' occupancy; all where params is None),
-    "varlen_packed" (ssd_forward on the problem's first row packed, initial states per
-    sequence: chunk_cumsum and ssd_varlen, float32 and bfloat16 activations)."""
+    """The launches one property kind makes on a problem, its arrays as opts' layout and weights
+    say (_arrays): "forward", "forward_bf16", "forward_fp16" (ssd_forward by the rules, its
+    activations in FORWARD_KINDS' dtype), "fwd_pass_state_alone" (each mode at each tile set of
+    FWD_PASS_STATE_TILES), "compute_out_alone" (its choices at `params`' occupancy and token
+    block, as properties.checks.compute_out_alone runs them, every choice where params is
+    None), "ssd_scan_alone" (its choices at `params`' occupancy, all where params is None),
+    each of the three also in bfloat16 (_narrow_launches), "varlen_packed" (ssd_forward on the
+    problem's first row packed, initial states per sequence: chunk_cumsum and ssd_varlen,
+    float32 and bfloat16 activations)."""
+    return (_own_launches(kind, d, opts, sm_count, params)
+            + _narrow_launches(kind, d, opts, sm_count))
+
+
+def _own_launches(kind: str, d: Dims, opts: dict, sm_count: int, params) -> list:
+    """kind_launches less _narrow_launches (which are the same whatever the params: the reach
+    model computes them once per problem)."""
     if kind == "varlen_packed":
-        states = _Stand((2, d.nheads, d.headdim, d.dstate))  # 2 sequences: a stand-in count
         found = []
         for activations in ("float32", "bfloat16"):
             a = _arrays(dataclasses.replace(d, batch=1), dict(opts, initial_states=True),
                         activations)
+            # 2 sequences: a stand-in count; their initial states in the weights' dtype
+            states = _Stand((2, d.nheads, d.headdim, d.dstate), a.initial_states.dtype)
             if not needs_int64(a.x, a.B, a.C, a.dt_out, states):  # int32 indices only
                 found += varlen_launches(dataclasses.replace(a, initial_states=states),
                                          _Stand((3,), "int32"), states)
         return found
-    a = _arrays(d, opts)
-    if kind == "forward":
+    if kind in FORWARD_KINDS:
+        a = _arrays(d, opts, FORWARD_KINDS[kind])
         return [launch for part in forward_plan(a, sm_count, 1) for launch in part]
+    a = _arrays(d, opts)
     if kind == "fwd_pass_state_alone":
         rules = fwd_pass_state_rules(d.batch, d.nheads, d.headdim, d.dstate, d.chunk_size,
                                      sm_count)
@@ -244,8 +313,7 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
                     a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg, a.chunk_states,
                     a.final_states, sm_count, rules._replace(mode=mode, **tiles))]
     if kind == "ssd_scan_alone":  # int32 indices only: none at 2^31 elements
-        scan = (a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z, a.seg, a.y,
-                a.final_states)
+        scan = _scan_arrays(a)
         return [] if needs_int64(*scan) else [
             ssd_scan_launch(*scan, sm_count, c, errors=a.errors)
             for c in ssd_scan_choices(a.x, a.B)
@@ -257,15 +325,45 @@ def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) ->
             for c in choices]
 
 
+def _scan_arrays(a: ForwardArrays) -> tuple:
+    """ssd_scan_launch's arrays of a forward's."""
+    return (a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z, a.seg, a.y,
+            a.final_states)
+
+
+def _narrow_launches(kind: str, d: Dims, opts: dict, sm_count: int) -> list:
+    """The launches of a kernel's property alone in bfloat16, whatever its params: by the
+    rules, and fwd_pass_state with bfloat16 chunk states in each mode too."""
+    a = _arrays(d, opts, "bfloat16")
+    if kind == "fwd_pass_state_alone":
+        rules = fwd_pass_state_rules(d.batch, d.nheads, d.headdim, d.dstate, d.chunk_size,
+                                     sm_count)
+        states = _Stand(d.shape("chunk_states"), "bfloat16")
+        return [launch for chunk_states, choice in [(a.chunk_states, None), *(
+                    (states, rules._replace(mode=mode)) for mode in MODES)]
+                for launch in fwd_pass_state_launches(
+                    a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg, chunk_states,
+                    a.final_states, sm_count, choice)]
+    if kind == "ssd_scan_alone":
+        scan = _scan_arrays(a)
+        return [] if needs_int64(*scan) else [ssd_scan_launch(*scan, sm_count, errors=a.errors)]
+    if kind == "compute_out_alone":
+        return [compute_out_launch(*a.compute_out_arrays(), sm_count, errors=a.errors)]
+    return []
+
+
 def launches(d: Dims, opts: dict, sm_count: int):
-    """Every launch the properties make on a problem of these dimensions and options: the
-    forward by the rules, fwd_pass_state in each mode and tile set (FWD_PASS_STATE_TILES),
-    compute_out and ssd_scan in each of their choices."""
+    """Every launch the properties make on a problem of these dimensions and options (each
+    kind's: kind_launches): the forward by the rules in each activation dtype, fwd_pass_state in
+    each mode and tile set (FWD_PASS_STATE_TILES), compute_out and ssd_scan in each of their
+    choices, each of the three in bfloat16, the packed row."""
     return [launch for kind in KINDS for launch in kind_launches(kind, d, opts, sm_count)]
 
 
-KINDS = ("forward", "fwd_pass_state_alone", "compute_out_alone", "ssd_scan_alone",
-         "varlen_packed")
+KINDS = ("forward", "forward_bf16", "forward_fp16", "fwd_pass_state_alone", "compute_out_alone",
+         "ssd_scan_alone", "varlen_packed")
+# the forward's kinds and the dtype of their activations
+FORWARD_KINDS = {"forward": "float32", "forward_bf16": "bfloat16", "forward_fp16": "float16"}
 
 
 def _sizes(cap: int) -> list[int]:
@@ -277,8 +375,9 @@ def _sizes(cap: int) -> list[int]:
 
 def _problems(c: Caps):
     """(dimensions, options) the strategies can draw under caps `c`: every option set on a small
-    base at every chunk size and seqlen edge; each size at the edges of the tiles, one at a time,
-    at two seqlens per chunk size, options off and all on."""
+    base at every chunk size and seqlen edge, and each layout and the 16-bit weights at a few
+    seqlens; each size at the edges of the tiles, one at a time, at two seqlens per chunk size,
+    options off and all on."""
     nheads_cap = max(c.nheads, c.wide_nheads)
     headdim_cap, dstate_cap = max(c.headdim, c.wide_headdim), max(c.dstate, c.wide_dstate)
     for chunk in c.chunk_sizes:
@@ -288,12 +387,16 @@ def _problems(c: Caps):
                     ngroups=1, dstate=min(16, c.dstate), chunk_size=chunk)
         for seqlen, batch, opts in itertools.product(seqlens, (1, c.batch), _OPTIONS):
             yield Dims(**{**base, "seqlen": seqlen, "batch": batch}), opts
+        # a layout's views are strided where a dimension before the last has 2 elements or
+        # more: a few seqlens tell them
+        for seqlen, batch, opts in itertools.product(sorted({1, chunk + 1, c.seqlen}),
+                                                     (1, c.batch), _LAYOUTS_AND_WEIGHTS):
+            yield Dims(**{**base, "seqlen": seqlen, "batch": batch}), opts
         varied = ([("headdim", n) for n in _sizes(headdim_cap)]
                   + [("dstate", n) for n in _sizes(dstate_cap)]
                   + [("nheads", n) for n in range(1, nheads_cap + 1)])
         for seqlen, (what, n), opts in itertools.product(
-                (chunk + 1, max(1, min(c.wide_seqlen, 4 * chunk + 1))), varied,
-                (_OPTIONS[0], _OPTIONS[-1])):
+                (chunk + 1, max(1, min(c.wide_seqlen, 4 * chunk + 1))), varied, (dict(), _ALL)):
             for ngroups in {1, 2, n if what == "nheads" else base["nheads"]}:
                 yield Dims(**{**base, "seqlen": seqlen, what: n, "ngroups": ngroups}), opts
 
@@ -307,14 +410,24 @@ def _candidates(c: Caps, sm_count: int) -> tuple:
         if not drawable(d, c) or (opts.get("seq_idx") and d.seqlen < 2):
             continue
         for kind in KINDS:
+            narrow = _classes_of(kind, _narrow_launches(kind, d, opts, sm_count))
             for params in KIND_PARAMS.get(kind, (None,)):
-                launched = set()
-                for launch in kind_launches(kind, d, opts, sm_count, params):
-                    if kind != "forward" or launch[0]._pyfunc.__name__ not in SCAN_KERNELS:
-                        launched |= classes(*launch)
-                found.append(((kind, d, tuple(sorted(opts.items())), params),
-                              frozenset(launched)))
+                launched = narrow | _classes_of(kind, _own_launches(kind, d, opts, sm_count,
+                                                                    params))
+                found.append(((kind, d, tuple(sorted(opts.items())), params), launched))
     return tuple(found)
+
+
+def kind_classes(kind: str, d: Dims, opts: dict, sm_count: int, params=None) -> frozenset[str]:
+    """The classes a property kind's launches on a problem count for (_classes_of)."""
+    return _classes_of(kind, kind_launches(kind, d, opts, sm_count, params))
+
+
+def _classes_of(kind: str, launches: list) -> frozenset[str]:
+    """The classes of a kind's launches, but the scan's where the forward runs it (SCAN_KERNELS)."""
+    return frozenset().union(*(classes(*launch) for launch in launches
+                               if kind not in FORWARD_KINDS
+                               or launch[0]._pyfunc.__name__ not in SCAN_KERNELS))
 
 
 @functools.lru_cache
@@ -380,7 +493,8 @@ def _stored(what: str, c: Caps, sm_count: int, compute):
 
 # Whether the forward runs the scan depends on the SM count (a GPU's small grids run the two
 # kernels), so the cover, derived for one SM count and run on every backend, takes the scan's
-# classes from ssd_scan_alone alone, which launches the scan at every SM count
+# classes from ssd_scan_alone alone (not from FORWARD_KINDS), which launches the scan at every
+# SM count
 SCAN_KERNELS = ("_ssd_scan_kernel",)
 
 # the occupancy hint and token block a compute_out_alone example may draw, the occupancy hint an
@@ -395,7 +509,7 @@ def beyond_caps(sm_count: int) -> set[str]:
     """Classes that need arrays of 2^31 elements or more (never within a profile's caps)."""
     d = Dims(1, 2**24, 128, 64, 1, 128, 256)  # dt of 2^31 elements: the int64 objects
     found = set()
-    for opts in (dict(), _OPTIONS[-1]):
+    for opts in (dict(), _ALL):
         for kernel, grid, args in launches(d, opts, sm_count):
             found |= {c for c in classes(kernel, grid, args) if "int64" in c}
     return found

@@ -2,15 +2,18 @@
 the arrays from the seed.
 
 Drawing only small integers and floats (never whole arrays) keeps shrinking effective (towards
-fewer tokens, fewer heads, smaller dims, seed 0) and every example replays from its `Spec`.
-Every array is float32 (the kernels' input type); the float64 references read the same values,
-so kernel and reference see exactly the same inputs.
+fewer tokens, fewer heads, smaller dims, contiguous arrays, float32 weights, seed 0) and every
+example replays from its `Spec`. Every array is float32 and C-contiguous; the properties lay
+them out as the example's `layout` says where they call the kernels (properties.checks.on_backend)
+and round them to 16-bit dtypes as their own dtype and the example's `weights` say; the float64
+references read the same values, so kernel and reference see exactly the same inputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -32,6 +35,27 @@ DT_LIMITS = ((0.0, math.inf), (1e-3, math.inf), (0.0, 0.1), (1e-4, 1.0))
 SHARED_HEADS_MIN_CHUNK = 2 * RULES_BLOCK_T
 # draws per bucket kept (`_fixed_buckets`)
 BUCKET_SPREAD = 10
+# How the forward's arrays lie in memory where the properties call the kernels (Problem.layout),
+# as callers pass them: C-contiguous; "projection": z, x, B, C, dt as views of one projection
+# array (mamba_ssm's Mamba2 layer splits its in_proj output so: projection_columns); each
+# batch-first array a [1:] slice of one with one batch element more; each array with a token
+# axis a [:, 1:] slice of one with one token more; "token_major": z and dt views of the
+# projection, x, B, C views of one (batch, channels, seqlen) array transposed, unit stride along
+# the tokens (the layer's convolution without causal_conv1d: conv_columns). The first is the
+# simplest (shrinking).
+LAYOUTS = ("contiguous", "projection", "batch_slice", "token_slice", "token_major")
+# the arrays each layout lays out; the others stay C-contiguous (seq_idx's segment ids are made
+# C-contiguous by the launchers, its slices are read there)
+LAID_OUT = {"contiguous": (), "projection": ("z", "x", "B", "C", "dt"),
+            "batch_slice": ("x", "dt", "B", "C", "z", "initial_states", "seq_idx"),
+            "token_slice": ("x", "dt", "B", "C", "z", "seq_idx"),
+            "token_major": ("z", "x", "B", "C", "dt")}
+# The dtype of dt, dt_bias, D and initial_states where the properties run 16-bit activations
+# (Problem.weights): float32, or the activations' own (as a 16-bit model's layer passes them;
+# contract.weight_dtypes); A is float32 there, or bfloat16 with bfloat16 activations where
+# Problem.narrow_A (mamba_ssm's layer keeps A in float32).
+WEIGHTS = ("float32", "activation")
+WEIGHT_ARRAYS = ("dt", "dt_bias", "D", "initial_states")
 
 
 @dataclass(frozen=True)
@@ -57,6 +81,9 @@ class Spec:
     scales: tuple[float, float, float]  # log10 of the scale of x, B, C (fp32 edges: +-8)
     tails: float  # decades of elementwise spread of x, B, C around their scale
     seed: int
+    layout: str = "contiguous"  # one of LAYOUTS
+    weights: str = "float32"  # one of WEIGHTS
+    narrow_A: bool = False
 
     @property
     def dims(self) -> Dims:
@@ -66,7 +93,9 @@ class Spec:
 
 @dataclass
 class Problem:
-    """The arguments of one forward: float32 arrays, int32 seq_idx, the options; plus the
+    """The arguments of one forward: float32 arrays (C-contiguous), int32 seq_idx, the options;
+    the layout the properties pass the arrays in (`layout`, one of LAYOUTS) and the dtype of the
+    weights where they run 16-bit activations (`weights`, `narrow_A`: WEIGHTS); plus the
     property's own parameters (`params`, JSON-able) and where it came from (`spec`)."""
 
     x: np.ndarray
@@ -84,6 +113,9 @@ class Problem:
     dt_limit: tuple[float, float] = (0.0, math.inf)
     params: dict = field(default_factory=dict)
     spec: str = ""
+    layout: str = "contiguous"
+    weights: str = "float32"
+    narrow_A: bool = False
 
     ARRAYS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
 
@@ -107,15 +139,19 @@ class Problem:
                 if getattr(self, name) is not None]
         if self.dt_softplus:
             opts.append("softplus")
+        weights = self.weights + (", A narrow" if self.narrow_A else "")
         return (f"batch={d.batch} seqlen={d.seqlen} nheads={d.nheads} ngroups={d.ngroups} "
                 f"headdim={d.headdim} dstate={d.dstate} chunk_size={d.chunk_size} "
-                f"dt_limit={self.dt_limit} options={opts} params={self.params}")
+                f"dt_limit={self.dt_limit} options={opts} layout={self.layout} "
+                f"weights={weights} params={self.params}")
 
     def save(self, path, prop: str):
-        """A self-contained reproducer: every array, the options, the property's name."""
+        """A self-contained reproducer: every array, the options, the layout and weights, the
+        property's name."""
         arrays = {k: getattr(self, k) for k in self.ARRAYS if getattr(self, k) is not None}
         meta = dict(property=prop, chunk_size=self.chunk_size, dt_softplus=self.dt_softplus,
-                    dt_limit=list(self.dt_limit), params=self.params, spec=self.spec)
+                    dt_limit=list(self.dt_limit), params=self.params, spec=self.spec,
+                    layout=self.layout, weights=self.weights, narrow_A=self.narrow_A)
         np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
 
     @classmethod
@@ -124,9 +160,12 @@ class Problem:
         with np.load(path, allow_pickle=False) as f:
             meta = json.loads(str(f["meta"]))
             arrays = {k: f[k] for k in cls.ARRAYS if k in f}
+        # a reproducer stored before layouts and weights were drawn: contiguous, float32
         problem = cls(chunk_size=int(meta["chunk_size"]), dt_softplus=bool(meta["dt_softplus"]),
                       dt_limit=tuple(float(v) for v in meta["dt_limit"]), params=meta["params"],
-                      spec=meta["spec"], **arrays)
+                      spec=meta["spec"], layout=meta.get("layout", "contiguous"),
+                      weights=meta.get("weights", "float32"),
+                      narrow_A=bool(meta.get("narrow_A", False)), **arrays)
         return meta["property"], problem
 
 
@@ -210,6 +249,11 @@ class Bucket:
     initial_states: bool
     seq_idx: bool  # a seq_idx (of 2 segments or more, where seqlen allows)
     wide: bool
+    # how the arrays lie and the weights' dtypes decide specializations too (strides'
+    # divisibility, dtypes)
+    layout: str = "contiguous"
+    weights: str = "float32"
+    narrow_A: bool = False
 
 
 @st.composite
@@ -250,9 +294,14 @@ def _buckets(draw, c: Caps, segments: bool | None, gate: bool | None,
         else segments
     # the chunk size late: Hypothesis varies late draws between examples more than early ones
     chunk_size = draw(st.sampled_from(wide_chunks if wide else chunk_sizes))
+    # how the arrays lie and the weights' dtypes last: they decide no size
+    layout = draw(st.sampled_from(LAYOUTS))
+    weights = draw(st.sampled_from(WEIGHTS))
+    narrow_A = draw(st.booleans())
     return Bucket(batch=batch, nheads=nheads, ngroups=ngroups, headdim=headdim, dstate=dstate,
                   chunk_size=chunk_size, D=D, z=z, dt_mode=dt_mode, dt_bias=dt_bias,
-                  dt_limit=dt_limit, initial_states=initial, seq_idx=seq_idx, wide=wide)
+                  dt_limit=dt_limit, initial_states=initial, seq_idx=seq_idx, wide=wide,
+                  layout=layout, weights=weights, narrow_A=narrow_A)
 
 
 @functools.lru_cache(maxsize=None)
@@ -341,7 +390,7 @@ def _specs(draw, c: Caps, bucket, ragged, extreme, min_seqlen, carried):
         dstate=b.dstate, chunk_size=b.chunk_size, D=b.D, z=b.z, dt_mode=b.dt_mode,
         dt_bias=b.dt_bias, dt_limit=b.dt_limit, initial_states=b.initial_states,
         segments=n_segments, decay=decay, decay_spread=decay_spread, scales=scales,
-        tails=tails, seed=seed)
+        tails=tails, seed=seed, layout=b.layout, weights=b.weights, narrow_A=b.narrow_A)
 
 
 def _f32(a) -> np.ndarray:
@@ -415,12 +464,52 @@ def problem(spec: Spec) -> Problem:
     seq_idx = _seq_idx(rng, spec) if spec.segments > 1 else None
     return Problem(x=x, dt=dt, A=A, B=B, C=C, chunk_size=spec.chunk_size, D=D, z=z,
                    dt_bias=dt_bias, initial_states=init, seq_idx=seq_idx, dt_softplus=softplus,
-                   dt_limit=spec.dt_limit, spec=repr(spec))
+                   dt_limit=spec.dt_limit, spec=repr(spec), layout=spec.layout,
+                   weights=spec.weights, narrow_A=spec.narrow_A)
+
+
+def projection_columns(d: Dims) -> dict[str, tuple[int, int]]:
+    """Each array's (first column, columns) in a row of the "projection" layout's array: z, x,
+    B, C, dt in turn, nheads headdim + nheads headdim + ngroups dstate + ngroups dstate + nheads
+    columns (mamba_ssm's in_proj output, without its z columns where z is absent)."""
+    widths = {"z": d.nheads * d.headdim, "x": d.nheads * d.headdim, "B": d.ngroups * d.dstate,
+              "C": d.ngroups * d.dstate, "dt": d.nheads}
+    starts = itertools.accumulate(widths.values(), initial=0)
+    return {name: (start, width) for (name, width), start in zip(widths.items(), starts)}
+
+
+def conv_columns(d: Dims) -> dict[str, tuple[int, int]]:
+    """Each array's (first channel, channels) in the "token_major" layout's (batch, channels,
+    seqlen) array: x, B, C in turn (the layer's convolution output, xBC)."""
+    return {name: (start - d.nheads * d.headdim, width)
+            for name, (start, width) in projection_columns(d).items() if name in ("x", "B", "C")}
+
+
+def layout_strides(layout: str, d: Dims, name: str) -> tuple[int, ...]:
+    """The strides in elements of array `name` (its contract shape for `d`) in `layout`, as
+    properties.checks.on_backend's views have them (the reach model's stand-ins take them): a
+    batch slice is a C-contiguous array (its first element offset)."""
+    shape = list(d.shape(name))
+    if name not in LAID_OUT[layout] or layout == "batch_slice":
+        return _c_strides(shape)
+    if layout == "token_slice":
+        shape[1] += 1
+        return _c_strides(shape)
+    if layout == "token_major" and name in ("x", "B", "C"):
+        channels = sum(w for _, w in conv_columns(d).values())
+        return (channels * d.seqlen, 1, *(d.seqlen * s for s in _c_strides(shape[2:])))
+    width = sum(w for _, w in projection_columns(d).values())
+    return (d.seqlen * width, width, *_c_strides(shape[2:]))
+
+
+def _c_strides(shape) -> tuple[int, ...]:
+    return tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
 
 
 def spec_of(d: Dims, options: dict, seed: int = 0) -> Spec:
     """The Spec of a problem of these dimensions and options (as the reach model names them:
-    D, z, dt_bias, softplus, dt_limit, initial_states, seq_idx), moderate decays and values."""
+    D, z, dt_bias, softplus, dt_limit, initial_states, seq_idx, layout, weights, narrow_A),
+    moderate decays and values."""
     return Spec(batch=d.batch, seqlen=d.seqlen, nheads=d.nheads, ngroups=d.ngroups,
                 headdim=d.headdim, dstate=d.dstate, chunk_size=d.chunk_size,
                 D=options.get("D"), z=bool(options.get("z")),
@@ -429,7 +518,10 @@ def spec_of(d: Dims, options: dict, seed: int = 0) -> Spec:
                 dt_limit=tuple(options.get("dt_limit", (0.0, math.inf))),
                 initial_states=bool(options.get("initial_states")),
                 segments=min(3, d.seqlen) if options.get("seq_idx") else 1, decay=0.5,
-                decay_spread=1.0, scales=(0.0, 0.0, 0.0), tails=1.0, seed=seed)
+                decay_spread=1.0, scales=(0.0, 0.0, 0.0), tails=1.0, seed=seed,
+                layout=options.get("layout", "contiguous"),
+                weights=options.get("weights", "float32"),
+                narrow_A=bool(options.get("narrow_A")))
 
 
 def problems(**kwargs):
@@ -444,8 +536,9 @@ def problems(**kwargs):
 @dataclass(frozen=True)
 class Signature:
     """What a plan may depend on, without values: the dimensions, each array's dtype and layout,
-    the options. `strided`: the arrays passed as a strided view (a slice of a wider array's
-    last axis, copied to C-contiguous per call) rather than C-contiguous."""
+    the options. `strided`: the arrays passed as a strided view (every other element of a
+    wider array's last axis: read in place) rather than C-contiguous; `backwards`: those passed
+    as a reversed view (a negative stride: copied to C-contiguous per call, LaunchPlan.copies)."""
 
     dims: Dims
     dtype: str  # x, B, C, z: 'float32' or 'float16'
@@ -459,6 +552,7 @@ class Signature:
     batch_parts: int | None
     strided: frozenset = frozenset()
     states: str | None = None  # state_dtype (float32 and float16 inputs: None or 'float32')
+    backwards: frozenset = frozenset()
 
     def arguments(self, xp=np) -> dict:
         """ssd_forward's keyword arguments of this signature, as arrays of module `xp` (values
@@ -468,10 +562,11 @@ class Signature:
         def array(name: str, dtype, shape=None):
             shape = d.shape(name) if shape is None else shape
             values = rng.standard_normal(shape).astype(dtype)
-            if name in self.strided:  # every other element of a last axis twice as long
-                wide = np.repeat(values, 2, axis=-1)
-                return xp.asarray(wide)[..., ::2]
-            return xp.asarray(values)
+            step = 2 if name in self.strided else 1  # every other element of a longer last axis
+            wide = np.repeat(values, step, axis=-1)
+            if name in self.backwards:  # the same values read backwards from a reversed copy
+                return xp.asarray(np.ascontiguousarray(wide[..., ::-1]))[..., ::-step]
+            return xp.asarray(wide)[..., ::step]
         narrow = np.dtype(self.dtype)
         return dict(
             x=array("x", narrow), dt=array("dt", vector), A=-abs(array("A", vector)),
@@ -503,7 +598,8 @@ def _signature(draw) -> Signature:
                      draw(st.booleans()), draw(st.sampled_from(DT_LIMITS)),
                      draw(st.sampled_from(BATCH_PARTS)),
                      frozenset(draw(st.lists(st.sampled_from(STRIDABLE), max_size=2))),
-                     draw(st.sampled_from(STATES)))
+                     draw(st.sampled_from(STATES)),
+                     frozenset(draw(st.lists(st.sampled_from(STRIDABLE), max_size=1))))
 
 
 CHUNK_SIZES = (16, 32, 64, 128, 256)
@@ -536,6 +632,8 @@ def _mutations(s: Signature) -> list:
         st.builds(lambda v: dataclasses.replace(s, batch_parts=v),
                   _other(BATCH_PARTS, s.batch_parts)),
         st.builds(lambda name: dataclasses.replace(s, strided=s.strided ^ {name}),
+                  st.sampled_from(STRIDABLE)),
+        st.builds(lambda name: dataclasses.replace(s, backwards=s.backwards ^ {name}),
                   st.sampled_from(STRIDABLE)),
         st.builds(lambda v: dataclasses.replace(s, states=v), _other(STATES, s.states)),
     ]

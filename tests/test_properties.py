@@ -127,7 +127,9 @@ def test_linearity_in_x(problem, backend, reach):
 # launches every class whatever the drawn examples are (none where the profile asks no reach).
 # One test each, so that pytest-xdist spreads them over its processes.
 COVER = cover(caps(), 1) if caps().reach else ()
-COVER_PROPERTY = {"forward": "forward_tf32_bound", "fwd_pass_state_alone": "fwd_pass_state_alone",
+COVER_PROPERTY = {"forward": "forward_tf32_bound", "forward_bf16": "forward_bf16_bound",
+                  "forward_fp16": "forward_fp16_bound",
+                  "fwd_pass_state_alone": "fwd_pass_state_alone",
                   "compute_out_alone": "compute_out_alone", "ssd_scan_alone": "ssd_scan_alone",
                   "varlen_packed": "varlen_packed"}
 

@@ -1,6 +1,7 @@
 """The property harness itself: the mutant catalogue still applies to the kernel source, the ci
 profile is the one loaded under CI, reproducers round-trip, the fuzzer's reproducer of a planted
-bug replays (and fails only with the bug), and (slow, ~10 min) every mutant is killed."""
+bug replays (and fails only with the bug), the layouts are the views they say, and (slow, ~10
+min) every mutant is killed."""
 
 import dataclasses
 import json
@@ -13,16 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 
 import reference as R
+from contract import Dims
 from properties import mutants
 from properties import profiles
 from properties.profiles import caps
 from kernels.compute_out import compute_out_choices
-from properties.checks import compute_out_alone
-from properties.strategies import (SHARED_HEADS_MIN_CHUNK, Bucket, Problem, Spec, _fixed_buckets,
-                                   problem, specs)
+from kernels.ssd_forward import launch_plan
+from properties.checks import compute_out_alone, on_backend
+from properties.strategies import (LAID_OUT, LAYOUTS, SHARED_HEADS_MIN_CHUNK, Bucket, Problem,
+                                   Spec, _fixed_buckets, layout_strides, problem, spec_of, specs)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -107,7 +110,8 @@ def test_reproducer_round_trip(tmp_path):
     spec = Spec(batch=2, seqlen=37, nheads=4, ngroups=2, headdim=5, dstate=3, chunk_size=16,
                 D="channel", z=True, dt_mode="softplus", dt_bias=True, dt_limit=(1e-4, math.inf),
                 initial_states=True, segments=3, decay=2.0, decay_spread=3.0,
-                scales=(0.0, 1.0, -1.0), tails=1.0, seed=7)
+                scales=(0.0, 1.0, -1.0), tails=1.0, seed=7, layout="projection",
+                weights="activation", narrow_A=True)
     p = problem(spec).replace(params={"t": 5, "large": True, "seed": 3})
     p.save(tmp_path / "case.npz", "causal_prefix")
     name, q = Problem.load(tmp_path / "case.npz")
@@ -117,6 +121,8 @@ def test_reproducer_round_trip(tmp_path):
         assert getattr(q, field).dtype == getattr(p, field).dtype
     assert (q.chunk_size, q.dt_softplus, q.dt_limit, q.params, q.spec) == \
         (p.chunk_size, p.dt_softplus, p.dt_limit, p.params, p.spec)
+    assert (q.layout, q.weights, q.narrow_A) == ("projection", "activation", True)
+    assert "layout=projection" in q.describe() and "weights=activation, A narrow" in q.describe()
 
 
 @pytest.mark.slow
@@ -168,7 +174,8 @@ def _bucket_of(spec: Spec) -> Bucket:
     return Bucket(batch=spec.batch, nheads=spec.nheads, ngroups=spec.ngroups,
                   headdim=spec.headdim, dstate=spec.dstate, chunk_size=spec.chunk_size, D=spec.D,
                   z=spec.z, dt_mode=spec.dt_mode, dt_bias=spec.dt_bias, dt_limit=spec.dt_limit,
-                  initial_states=spec.initial_states, seq_idx=spec.segments > 1, wide=False)
+                  initial_states=spec.initial_states, seq_idx=spec.segments > 1, wide=False,
+                  layout=spec.layout, weights=spec.weights, narrow_A=spec.narrow_A)
 
 
 def test_bucketed_specs_repeat_their_sizes_and_options_but_not_the_rest():
@@ -202,3 +209,35 @@ def test_buckets_apply_on_the_gpu_backend_only(monkeypatch):
     with pytest.raises(ValueError, match=profiles.BACKEND_VARIABLE):
         profiles.buckets()
     assert profiles.CAPS["ci"].gpu_buckets > 0 and profiles.CAPS["nightly"].gpu_buckets == 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_layout_is_views_the_forward_reads_in_place(layout):
+    """on_backend lays a problem's arrays out as its layout says: the same values, views of one
+    larger array each (of one projection, for "projection": a view per dtype among them), with
+    the strides the reach model's stand-ins take (strategies.layout_strides); the forward's
+    launch plan copies none of them."""
+    d = Dims(2, 21, 4, 6, 2, 5, 16)
+    p = problem(spec_of(d, dict(D="channel", z=True, dt_bias=True, initial_states=True,
+                                seq_idx=True, layout=layout)))
+    arrays = on_backend(p, "interpreter")
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(a, getattr(p, name))
+        if name in LAID_OUT[layout]:
+            assert a.base is not None and a.base.size > a.size, name
+            if name != "seq_idx":  # the kernels read its segment ids
+                assert tuple(s // a.itemsize for s in a.strides) == \
+                    layout_strides(layout, d, name), name
+        else:
+            assert a.flags.c_contiguous, name
+    if layout == "projection":
+        assert all(arrays[n].base is arrays["x"].base for n in ("z", "B", "C", "dt"))
+    options = dict(chunk_size=p.chunk_size, dt_softplus=p.dt_softplus, dt_limit=p.dt_limit)
+    assert launch_plan(**arrays, **options).copies == ()
+
+
+def test_layouts_and_weights_shrink_to_contiguous_float32():
+    """A failure that does not depend on them shrinks to C-contiguous arrays and float32
+    weights."""
+    shrunk = find(specs(), lambda spec: spec.seqlen > 3, settings=settings(database=None))
+    assert (shrunk.layout, shrunk.weights, shrunk.narrow_A) == ("contiguous", "float32", False)

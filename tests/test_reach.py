@@ -9,9 +9,10 @@ import pytest
 
 from contract import Dims
 from kernels import fwd_pass_state, ssd_forward
+from properties.checks import forward_bf16_bound
 from properties.profiles import CAPS
 from properties.reach import Record, beyond_caps, classes, launches, reachable, report
-from properties.strategies import drawable
+from properties.strategies import drawable, problem, spec_of
 from shapes import Case, make_inputs
 
 CI = CAPS["ci"]
@@ -56,7 +57,14 @@ def test_the_ci_caps_reach_past_the_largest_tiles(ci_reach):
               "_compute_out_kernel: head blocks per group = 2",
               "_compute_out_kernel: heads per program = 2",
               "_compute_out_chunk_kernel: object = int32, occupancy 1",
-              "_fwd_pass_state_kernel: mode = parallel_chunks"]:
+              "_fwd_pass_state_kernel: mode = parallel_chunks",
+              # the layouts and the weights' dtypes the properties draw
+              "_compute_out_chunk_kernel: x layout = strided",
+              "_ssd_varlen_kernel: z layout = strided",
+              "_fwd_pass_state_kernel: B layout = strided last axis",
+              "_chunk_cumsum_kernel: dt dtype = float16",
+              "_state_pass_kernel: initial_states dtype = bfloat16",
+              "_ssd_scan_kernel: D dtype = bfloat16"]:
         assert c in ci_reach, c
     assert "_compute_out_kernel: headdim blocks = 3+/full" not in ci_reach
     assert not any("int64" in c for c in ci_reach)
@@ -122,6 +130,27 @@ def test_the_check_names_every_class_never_launched_and_cannot_pass_on_nothing()
     assert len(missing) == len(reachable(small, 1))
 
 
+def test_classes_read_each_arrays_layout_and_each_weights_dtype():
+    """A launch's classes tell, of each array the properties lay out, whether it is strided,
+    and each weight's dtype: a bfloat16 forward on views of one projection, 16-bit weights."""
+    record = Record()
+    p = problem(spec_of(Dims(2, 40, 2, 8, 1, 8, 16), dict(
+        D="head", z=True, dt_bias=True, initial_states=True, layout="projection",
+        weights="activation", narrow_A=True)))
+    with record.recording("forward_bf16_bound"):
+        forward_bf16_bound(p, "interpreter")
+    launched = record.as_dict()["launched"]
+    for c in ["_chunk_cumsum_kernel: dt layout = strided",
+              "_chunk_cumsum_kernel: dt dtype = bfloat16",
+              "_chunk_cumsum_kernel: A dtype = bfloat16",
+              "_chunk_cumsum_kernel: D dtype = bfloat16",
+              "_ssd_scan_kernel: x layout = strided", "_ssd_scan_kernel: z layout = strided",
+              "_ssd_scan_kernel: initial_states layout = contiguous",
+              "_ssd_scan_kernel: initial_states dtype = bfloat16"]:
+        assert c in launched, c
+    assert not any("A layout" in c for c in launched)  # the properties never lay A out
+
+
 def test_kernels_alone_record_their_own_classes():
     record = Record()
     kw = make_inputs(Case("reach_states", 1, 300, 2, 80, 1, 16, 128))
@@ -135,8 +164,9 @@ def test_kernels_alone_record_their_own_classes():
 
 def test_the_cover_launches_every_reachable_class():
     """The explicit examples of the reach model's cover (tests/test_properties.py) launch every
-    class reachable at the caps, each kind of problem through its property's launches."""
-    from properties.reach import cover, kind_launches
+    class reachable at the caps, each kind of problem through its property's launches (the
+    forward's but its scan's, which ssd_scan_alone's launches count for: kind_classes)."""
+    from properties.reach import cover, kind_classes
     small = dataclasses.replace(CI, batch=2, seqlen=70, nheads=3, headdim=40, dstate=40,
                                 chunk_sizes=(16, 64), wide_nheads=18, wide_headdim=70,
                                 wide_dstate=70, wide_seqlen=20, wide_cost=20 * 18 * 70 * 70)
@@ -144,10 +174,9 @@ def test_the_cover_launches_every_reachable_class():
     launched = set()
     for kind, d, options, params in chosen:
         assert drawable(d, small), d
-        for launch in kind_launches(kind, d, dict(options), 1, params):
-            launched |= classes(*launch)
+        launched |= kind_classes(kind, d, dict(options), 1, params)
     assert launched == reachable(small, 1)
-    assert len(chosen) < 40  # a few problems, not the enumeration
+    assert len(chosen) < 50  # a few problems, not the enumeration
 
 
 def test_stored_results_equal_fresh_ones_and_follow_the_sources(monkeypatch, tmp_path):
