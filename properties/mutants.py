@@ -284,6 +284,23 @@ CATALOGUE = [
            "v = ct.minimum(ct.maximum(v, DT_MIN), DT_MAX).astype(dt.dtype).astype(ct.float32)",
            "chunk_cumsum keeps the processed dt (bias, softplus, clamp) in dt's own dtype: a "
            "16-bit dt's step sizes, and so every decay, rounded to 16 bits"),
+    # memory a kernel reads that no program wrote (kernels.interpreter.track_writes names it)
+    Mutant("cumsum_padding_unwritten", "kernels/chunk_cumsum.py",
+           "ct.store(dA_cumsum, (i_b, i_hb, i_c, 0), ct.reshape(ct.transpose(dA), (1, BLOCK_H, 1, "
+           "CHUNK)))",
+           "ct.scatter(dA_cumsum, (i_b, ct.reshape(i_hb * BLOCK_H + ct.arange(BLOCK_H, "
+           "dtype=ct.int32), (1, BLOCK_H)), i_c, t - i_c * CHUNK), dA, mask=t < seqlen)",
+           "chunk_cumsum writes dA_cumsum at the real tokens only: a short last chunk's padding, "
+           "whose last position the state pass and the scan read as the chunk's decay, holds "
+           "whatever the allocation held"),
+    Mutant("scan_reads_y_before_writing", "kernels/ssd_scan.py",
+           "            # rows past seqlen and columns past headdim are masked by the store; y has x's",
+           "            acc = acc + ct.transpose(ct.reshape(ct.load(\n"
+           "                y, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),\n"
+           "                padding_mode=ct.PaddingMode.ZERO), (BLOCK_T, BLOCK_P)).astype(ct.float32))\n"
+           "            # rows past seqlen and columns past headdim are masked by the store; y has x's",
+           "the scan adds y's previous contents to the block's output (as if y held a partial "
+           "sum): it reads y before any program wrote it"),
     # the launch plan's cache key (kernels.ssd_forward.plan_key): a key blind to something a plan
     # reads hands one signature's plan to another
     Mutant("plan_key_blind_to_strides", "kernels/ssd_forward.py",
