@@ -16,6 +16,9 @@
    processes and each is judged by the median of its runs (`--retry`: a latency holds the
    host's Python, whose speed varies between processes); skipped, saying why, without a GPU or
    without a stored baseline
+6. on a GPU, compute-sanitizer's four tools over the reach model's cover problems
+   (`python -m properties.sanitize`: every report explained); skipped, saying why, without a
+   GPU or without compute-sanitizer
 Prints one line per step and exits 1 if any step failed.
 """
 
@@ -122,6 +125,16 @@ def main(argv=None) -> int:
                              f"--benchmark-json={json_path}"], PYTHONPATH=path)
             return benchmark_gate(run, Path(tmp))
     step("benchmark regression vs baseline", benchmarks)
+
+    def sanitizers():
+        from properties.sanitize import sanitizer_path
+        if backend != "gpu":
+            return "skipped: no GPU (compute-sanitizer watches the kernels on the device)"
+        if sanitizer_path() is None:
+            return ("skipped: no compute-sanitizer (not on PATH, in $CUDA_HOME/bin nor "
+                    "/usr/local/cuda/bin)")
+        return "pass" if _run([py, "-m", "properties.sanitize"]) == 0 else "FAIL"
+    step("compute-sanitizer: memcheck, initcheck, racecheck, synccheck", sanitizers)
 
     print("\nreview gate:")
     for name, status, seconds in results:

@@ -362,6 +362,13 @@ def launches(d: Dims, opts: dict, sm_count: int):
 
 KINDS = ("forward", "forward_bf16", "forward_fp16", "fwd_pass_state_alone", "compute_out_alone",
          "ssd_scan_alone", "varlen_packed")
+# the property that runs a cover problem of each kind (tests/test_properties.py,
+# properties/sanitize.py)
+COVER_PROPERTY = {"forward": "forward_tf32_bound", "forward_bf16": "forward_bf16_bound",
+                  "forward_fp16": "forward_fp16_bound",
+                  "fwd_pass_state_alone": "fwd_pass_state_alone",
+                  "compute_out_alone": "compute_out_alone", "ssd_scan_alone": "ssd_scan_alone",
+                  "varlen_packed": "varlen_packed"}
 # the forward's kinds and the dtype of their activations
 FORWARD_KINDS = {"forward": "float32", "forward_bf16": "bfloat16", "forward_fp16": "float16"}
 

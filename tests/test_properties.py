@@ -14,7 +14,7 @@ from hypothesis import given, target
 
 from properties.checks import PROPERTIES, run
 from properties.profiles import caps
-from properties.reach import cover
+from properties.reach import COVER_PROPERTY, cover
 from properties.strategies import Problem, problem, spec_of
 
 pytestmark = pytest.mark.properties
@@ -127,11 +127,6 @@ def test_linearity_in_x(problem, backend, reach):
 # launches every class whatever the drawn examples are (none where the profile asks no reach).
 # One test each, so that pytest-xdist spreads them over its processes.
 COVER = cover(caps(), 1) if caps().reach else ()
-COVER_PROPERTY = {"forward": "forward_tf32_bound", "forward_bf16": "forward_bf16_bound",
-                  "forward_fp16": "forward_fp16_bound",
-                  "fwd_pass_state_alone": "fwd_pass_state_alone",
-                  "compute_out_alone": "compute_out_alone", "ssd_scan_alone": "ssd_scan_alone",
-                  "varlen_packed": "varlen_packed"}
 
 
 @pytest.mark.parametrize("kind, dims, options, params", COVER,
