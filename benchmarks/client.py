@@ -162,8 +162,10 @@ def main(argv=None) -> int:
     results = {}
     for row in rows:
         r = results[row] = run_row(*row, args.reps)
+        t = r["times"]
         print(f"{row[0]} {row[1]}: our plan copies {list(r['copies']) or 'nothing'}; "
-              f"layer outputs differ by {r['layer_diff']:.1e} (relative, max)", flush=True)
+              f"layer outputs differ by {r['layer_diff']:.1e} (relative, max); ms: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in t.items()), flush=True)
         for line in filter(None, r["layouts"]):
             print("   ", line)
     with concurrent.futures.ProcessPoolExecutor() as pool:
