@@ -308,6 +308,12 @@ CATALOGUE = [
            "return lambda a: (a.shape, a.dtype)",
            "a call takes the plan of another stride pattern: a layout the kernels cannot read "
            "in place (a reversed view) goes to them uncopied"),
+    Mutant("plan_key_blind_to_equal_itemsize", "kernels/ssd_forward.py",
+           "return lambda a: (a.shape, a.strides, a.dtype)",
+           "return lambda a: (a.shape, a.strides, a.dtype.itemsize)",
+           "a NumPy array is keyed by its item size, not its dtype: a bfloat16 call takes the "
+           "plan of a float16 call of the same layout (past the scan's dstate, float32 chunk "
+           "states where bfloat16's are bfloat16)"),
     Mutant("plan_key_blind_to_options", "kernels/ssd_forward.py",
            "chunk_size, bool(dt_softplus),", "chunk_size,",
            "dt_softplus on takes the plan of dt_softplus off"),

@@ -541,7 +541,7 @@ class Signature:
     as a reversed view (a negative stride: copied to C-contiguous per call, LaunchPlan.copies)."""
 
     dims: Dims
-    dtype: str  # x, B, C, z: 'float32' or 'float16'
+    dtype: str  # x, B, C, z: 'float32', 'float16' or 'bfloat16'
     D: str | None
     z: bool
     dt_bias: bool
@@ -551,39 +551,64 @@ class Signature:
     dt_limit: tuple[float, float]
     batch_parts: int | None
     strided: frozenset = frozenset()
-    states: str | None = None  # state_dtype (float32 and float16 inputs: None or 'float32')
+    states: str | None = None  # state_dtype (None or 'float32': every activation dtype takes it)
     backwards: frozenset = frozenset()
+    weights: str = "float32"  # dt, dt_bias, D, initial_states: 'float32' or 'activation' (x's)
+    narrow_A: bool = False  # A in x's dtype (16-bit activations)
+    seq_idx_dtype: str = "int32"  # or 'int64'
 
     def arguments(self, xp=np) -> dict:
         """ssd_forward's keyword arguments of this signature, as arrays of module `xp` (values
-        random; a plan reads none)."""
-        d, rng, vector = self.dims, np.random.default_rng(0), np.float32
+        random; a plan reads none). bfloat16 on the GPU comes as torch tensors (CuPy has no
+        bfloat16), every array of the call alike."""
+        import ml_dtypes
+        d, rng = self.dims, np.random.default_rng(0)
+        narrow = ml_dtypes.bfloat16 if self.dtype == "bfloat16" else np.dtype(self.dtype)
+        weight = narrow if self.weights == "activation" else np.float32
+        place = _placer(xp, self.dtype)
 
-        def array(name: str, dtype, shape=None):
+        def array(name: str, dtype, shape=None, negative=False):
             shape = d.shape(name) if shape is None else shape
-            values = rng.standard_normal(shape).astype(dtype)
+            values = rng.standard_normal(shape)
+            values = (-abs(values) if negative else values).astype(dtype)
             step = 2 if name in self.strided else 1  # every other element of a longer last axis
             wide = np.repeat(values, step, axis=-1)
             if name in self.backwards:  # the same values read backwards from a reversed copy
-                return xp.asarray(np.ascontiguousarray(wide[..., ::-1]))[..., ::-step]
-            return xp.asarray(wide)[..., ::step]
-        narrow = np.dtype(self.dtype)
+                return place(np.ascontiguousarray(wide[..., ::-1]))[..., ::-step]
+            return place(wide)[..., ::step]
+        segments = np.repeat(np.arange(2)[None], d.batch, 0).repeat(-(-d.seqlen // 2), 1)
         return dict(
-            x=array("x", narrow), dt=array("dt", vector), A=-abs(array("A", vector)),
+            x=array("x", narrow), dt=array("dt", weight),
+            A=array("A", narrow if self.narrow_A else np.float32, negative=True),
             B=array("B", narrow), C=array("C", narrow), chunk_size=d.chunk_size,
-            D=None if self.D is None else array("D", vector, (d.nheads,) if self.D == "head"
+            D=None if self.D is None else array("D", weight, (d.nheads,) if self.D == "head"
                                                    else None),
             z=array("z", narrow) if self.z else None,
-            dt_bias=array("dt_bias", vector) if self.dt_bias else None,
-            initial_states=array("initial_states", vector) if self.initial_states else None,
-            seq_idx=(xp.asarray(np.repeat(np.arange(2, dtype=np.int32)[None],
-                                          d.batch, 0).repeat(-(-d.seqlen // 2), 1)[:, :d.seqlen])
+            dt_bias=array("dt_bias", weight) if self.dt_bias else None,
+            initial_states=array("initial_states", weight) if self.initial_states else None,
+            seq_idx=(place(np.ascontiguousarray(segments[:, :d.seqlen], self.seq_idx_dtype))
                      if self.seq_idx else None),
             dt_softplus=self.dt_softplus, dt_limit=self.dt_limit, batch_parts=self.batch_parts,
             state_dtype=self.states)
 
 
-STRIDABLE = ("x", "dt", "B", "C", "z", "initial_states")
+def _placer(xp, dtype: str):
+    """NumPy arrays to arrays of module `xp` (bfloat16 ones, on the GPU, to torch tensors)."""
+    if xp is np:
+        return lambda a: a
+    if dtype != "bfloat16":
+        return xp.asarray
+    import torch
+
+    def place(a):
+        if a.dtype.name == "bfloat16":
+            return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
+        return torch.from_numpy(a).cuda()
+    return place
+
+
+STRIDABLE = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+NARROW_DTYPES = ("float16", "bfloat16")
 
 
 @st.composite
@@ -591,20 +616,30 @@ def _signature(draw) -> Signature:
     ngroups = draw(st.sampled_from((1, 2)))
     dims = Dims(draw(st.integers(1, 4)), draw(st.integers(1, 300)),
                 ngroups * draw(st.integers(1, 3)), draw(st.integers(1, 80)), ngroups,
-                draw(st.integers(1, 80)), draw(st.sampled_from(CHUNK_SIZES)))
-    return Signature(dims, draw(st.sampled_from(("float32", "float16"))),
+                draw(DSTATES), draw(st.sampled_from(CHUNK_SIZES)))
+    dtype = draw(st.sampled_from(("float32",) + NARROW_DTYPES))
+    narrow = dtype in NARROW_DTYPES
+    return Signature(dims, dtype,
                      draw(st.sampled_from((None, "head", "channel"))), draw(st.booleans()),
                      draw(st.booleans()), draw(st.booleans()), draw(st.booleans()),
                      draw(st.booleans()), draw(st.sampled_from(DT_LIMITS)),
                      draw(st.sampled_from(BATCH_PARTS)),
                      frozenset(draw(st.lists(st.sampled_from(STRIDABLE), max_size=2))),
                      draw(st.sampled_from(STATES)),
-                     frozenset(draw(st.lists(st.sampled_from(STRIDABLE), max_size=1))))
+                     frozenset(draw(st.lists(st.sampled_from(STRIDABLE), max_size=1))),
+                     draw(st.sampled_from(WEIGHTS)) if narrow else "float32",
+                     draw(st.booleans()) if narrow else False,
+                     draw(st.sampled_from(SEQ_IDX_DTYPES)))
 
 
 CHUNK_SIZES = (16, 32, 64, 128, 256)
+# dstate past the scan's largest tile (kernels.ssd_scan.SCAN_MAX_DSTATE) plans the three kernels on
+# any device, the interpreter's too: chunk states, whose dtype follows the activations'
+DSTATES = st.one_of(st.integers(1, 80), st.sampled_from((144, 200)))
 BATCH_PARTS = (None, 1, 2, 3)
 STATES = (None, "float32")
+WEIGHTS = ("float32", "activation")
+SEQ_IDX_DTYPES = ("int32", "int64")
 
 
 def _other(values, current):
@@ -612,31 +647,78 @@ def _other(values, current):
     return st.sampled_from([v for v in values if v != current])
 
 
-def _mutations(s: Signature) -> list:
-    """Strategies of signatures that differ from `s` in one thing a plan may depend on (and only
-    in it: each draws a value other than s's)."""
+# What each change of _mutations changes, as (build_plan's parameter, aspect) pairs, aspects:
+# 'shape', 'dtype', 'strides' and 'presence' of an array, 'value' of any other parameter
+# (tests/test_launch_plan.py: every parameter of build_plan in every aspect it has)
+_BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "seq_idx")
+MUTATION_CHANGES = {
+    "batch": {(n, "shape") for n in _BATCH_FIRST},
+    "seqlen": {(n, "shape") for n in ("x", "dt", "B", "C", "z", "seq_idx")},
+    "nheads": {(n, "shape") for n in ("x", "dt", "A", "D", "z", "dt_bias", "initial_states")},
+    "headdim": {(n, "shape") for n in ("x", "z", "initial_states")},
+    "ngroups": {(n, "shape") for n in ("B", "C")},
+    "dstate": {(n, "shape") for n in ("B", "C", "initial_states")},
+    "chunk_size": {("chunk_size", "value")},
+    "dtype": {(n, "dtype") for n in ("x", "B", "C", "z")},
+    "weights": {(n, "dtype") for n in ("dt", "D", "dt_bias", "initial_states")},
+    "narrow_A": {("A", "dtype")},
+    "seq_idx_dtype": {("seq_idx", "dtype")},
+    "D": {("D", "presence"), ("D", "shape")},
+    **{f: {(f, "presence")} for f in ("z", "dt_bias", "initial_states", "seq_idx")},
+    "dt_softplus": {("dt_softplus", "value")},
+    "dt_limit": {("dt_limit", "value")},
+    "batch_parts": {("batch_parts", "value")},
+    "strided": {(n, "strides") for n in STRIDABLE},
+    "backwards": {(n, "strides") for n in STRIDABLE},
+    "states": {("state_dtype", "value")},
+}
+
+
+def _mutations(s: Signature) -> dict:
+    """{change: strategy of signatures that differ from `s` in that change alone} (each draws a
+    value other than s's) for every change of MUTATION_CHANGES that `s` admits: the weights' and
+    A's dtype where the activations are 16-bit, the groups where the heads divide."""
     d = s.dims
     dims = lambda **kw: dataclasses.replace(s, dims=dataclasses.replace(d, **kw))  # noqa: E731
-    return [
-        st.builds(lambda v: dims(batch=v), _other(range(1, 5), d.batch)),
-        st.builds(lambda v: dims(seqlen=v), st.integers(1, 300).filter(lambda v: v != d.seqlen)),
-        st.builds(lambda v: dims(headdim=v), st.integers(1, 80).filter(lambda v: v != d.headdim)),
-        st.builds(lambda v: dims(dstate=v), st.integers(1, 80).filter(lambda v: v != d.dstate)),
-        st.builds(lambda v: dims(chunk_size=v), _other(CHUNK_SIZES, d.chunk_size)),
-        st.builds(lambda v: dataclasses.replace(s, dtype=v),
-                  _other(("float32", "float16"), s.dtype)),
-        st.builds(lambda v: dataclasses.replace(s, D=v), _other((None, "head", "channel"), s.D)),
-        *(st.just(dataclasses.replace(s, **{f: not getattr(s, f)}))
-          for f in ("z", "dt_bias", "initial_states", "seq_idx", "dt_softplus")),
-        st.builds(lambda v: dataclasses.replace(s, dt_limit=v), _other(DT_LIMITS, s.dt_limit)),
-        st.builds(lambda v: dataclasses.replace(s, batch_parts=v),
-                  _other(BATCH_PARTS, s.batch_parts)),
-        st.builds(lambda name: dataclasses.replace(s, strided=s.strided ^ {name}),
-                  st.sampled_from(STRIDABLE)),
-        st.builds(lambda name: dataclasses.replace(s, backwards=s.backwards ^ {name}),
-                  st.sampled_from(STRIDABLE)),
-        st.builds(lambda v: dataclasses.replace(s, states=v), _other(STATES, s.states)),
-    ]
+    replace = functools.partial(dataclasses.replace, s)
+    narrow = s.dtype in NARROW_DTYPES
+    per_group = d.nheads // d.ngroups
+    groups = [g for g in (1, 2) if g != d.ngroups and d.nheads % g == 0]
+    changes = {
+        "batch": st.builds(lambda v: dims(batch=v), _other(range(1, 5), d.batch)),
+        "seqlen": st.builds(lambda v: dims(seqlen=v),
+                            st.integers(1, 300).filter(lambda v: v != d.seqlen)),
+        "nheads": st.builds(lambda v: dims(nheads=d.ngroups * v), _other(range(1, 4), per_group)),
+        "headdim": st.builds(lambda v: dims(headdim=v),
+                             st.integers(1, 80).filter(lambda v: v != d.headdim)),
+        "ngroups": st.builds(lambda v: dims(ngroups=v), st.sampled_from(groups)) if groups
+        else None,
+        "dstate": st.builds(lambda v: dims(dstate=v), DSTATES.filter(lambda v: v != d.dstate)),
+        "chunk_size": st.builds(lambda v: dims(chunk_size=v), _other(CHUNK_SIZES, d.chunk_size)),
+        # a 16-bit dtype goes to the other 16-bit one as often as to float32 (equal item sizes
+        # must not share a plan)
+        "dtype": st.builds(lambda v: replace(dtype=v, weights="float32", narrow_A=False)
+                           if v == "float32" else replace(dtype=v),
+                           _other(("float32",) + NARROW_DTYPES, s.dtype)),
+        "weights": st.builds(lambda v: replace(weights=v), _other(WEIGHTS, s.weights))
+        if narrow else None,
+        "narrow_A": st.just(replace(narrow_A=not s.narrow_A)) if narrow else None,
+        "seq_idx_dtype": st.builds(lambda v: replace(seq_idx=True, seq_idx_dtype=v),
+                                   _other(SEQ_IDX_DTYPES, s.seq_idx_dtype)) if s.seq_idx
+        else None,
+        "D": st.builds(lambda v: replace(D=v), _other((None, "head", "channel"), s.D)),
+        **{f: st.just(replace(**{f: not getattr(s, f)}))
+           for f in ("z", "dt_bias", "initial_states", "seq_idx", "dt_softplus")},
+        "dt_limit": st.builds(lambda v: replace(dt_limit=v), _other(DT_LIMITS, s.dt_limit)),
+        "batch_parts": st.builds(lambda v: replace(batch_parts=v),
+                                 _other(BATCH_PARTS, s.batch_parts)),
+        "strided": st.builds(lambda name: replace(strided=s.strided ^ {name}),
+                             st.sampled_from(STRIDABLE)),
+        "backwards": st.builds(lambda name: replace(backwards=s.backwards ^ {name}),
+                               st.sampled_from(STRIDABLE)),
+        "states": st.builds(lambda v: replace(states=v), _other(STATES, s.states)),
+    }
+    return {name: strategy for name, strategy in changes.items() if strategy is not None}
 
 
 @st.composite
@@ -646,5 +728,5 @@ def signatures(draw) -> list[Signature]:
     drawn = [draw(_signature())]
     for _ in range(draw(st.integers(2, 8))):
         mutations = _mutations(draw(st.sampled_from(drawn)))
-        drawn.append(draw(mutations[draw(st.integers(0, len(mutations) - 1))]))
+        drawn.append(draw(mutations[draw(st.sampled_from(sorted(mutations)))]))
     return drawn

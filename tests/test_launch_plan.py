@@ -42,6 +42,26 @@ def test_a_cached_plan_equals_a_fresh_one(drawn, backend, no_plans):
         assert forward.launch_plan(**kw) is cached  # kept: the second call builds nothing
 
 
+def test_the_drawn_changes_cover_every_parameter_of_build_plan_in_every_aspect():
+    """The parameters come from build_plan itself, so a parameter added there fails here until
+    signatures() draws changes of it: an array's shape, dtype, strides (not seq_idx's: the
+    kernels read its segment ids, made C-contiguous) and, where optional, presence; any other
+    parameter's value. And a 16-bit signature with every option admits every change."""
+    import inspect
+    from properties.strategies import MUTATION_CHANGES, _mutations
+    covered = set().union(*MUTATION_CHANGES.values())
+    for name, parameter in inspect.signature(forward.build_plan).parameters.items():
+        if name in forward.INPUTS:
+            aspects = {"shape", "dtype"} | ({"strides"} if name != "seq_idx" else set()) | (
+                {"presence"} if parameter.default is None else set())
+        else:
+            aspects = {"value"}
+        assert {(name, a) for a in aspects} <= covered, (name, aspects)
+    full = Signature(Dims(2, 40, 4, 8, 2, 8, 16), "bfloat16", "head", True, True, True, True,
+                     False, (0.0, math.inf), None)
+    assert set(_mutations(full)) == set(MUTATION_CHANGES)
+
+
 def test_the_plan_holds_no_array():
     kw = arguments(SMALL, "interpreter")
     plan = forward.build_plan(**kw)
