@@ -27,7 +27,7 @@ from kernels.compute_out import BLOCK_TS, OCCUPANCIES, RULES_BLOCK_T, RULES_OCCU
 from kernels.compute_out import compute_out_choices
 from kernels.fwd_pass_state import BLOCK_KS, BLOCK_NS, BLOCK_PS, MODES, PASS_BLOCKS
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
-from kernels.ssd_forward import STATE_DTYPES, launch_plan
+from kernels.ssd_forward import launch_plan
 from kernels.ssd_scan import RULES_CHOICE as SCAN_RULES_CHOICE
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
@@ -237,6 +237,17 @@ class ForwardBounds:
         return tf32_bound(self.final_M, self.kappa_final) + self.extra_final
 
 
+# The chunk states' dtype the README promises where state_dtype is None, by the activations'
+# dtype: the harness's own statement, never the forward's default (kernels.ssd_forward), so that a
+# wrong default cannot loosen the bound it is checked by; test_launch_plan checks the plans keep it.
+DEFAULT_STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
+
+
+def expected_state_dtype(activations: str, state_dtype: str | None) -> str:
+    """The chunk states' dtype of a call with `activations` (x's dtype name) and `state_dtype`."""
+    return DEFAULT_STATE_DTYPES[activations] if state_dtype is None else state_dtype
+
+
 def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: float = 0.0,
                    chunk_decay_factor: float = 1.0, operands: str = "tfloat32",
                    stored_states: bool | None = None) -> ForwardBounds:
@@ -247,13 +258,14 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     elsewhere than p's (a chunk of another run overlaps at most 2 of p's chunks: factor 2);
     `operands`: the products' operand format, the inputs' dtype for 16-bit inputs
     (bounds.kappa); `stored_states`: the chunk states stored in bfloat16 (bounds.kappa), None:
-    as ssd_forward stores them by default (kernels.ssd_forward.STATE_DTYPES).
+    as the README says ssd_forward stores them by default (DEFAULT_STATE_DTYPES).
     """
     cs = chunk_size or p.chunk_size
     d = p.dims
     opts = p.options()
     if stored_states is None:
-        stored_states = operands != "tfloat32" and STATE_DTYPES[operands] != "float32"
+        stored_states = (operands != "tfloat32"
+                         and expected_state_dtype(operands, None) != "float32")
     A_weaker = np.asarray(p.A, np.float64) * (1.0 - DECAY_ETA)
     M = R.ssd_magnitude(p.x, p.dt, p.A, p.B, p.C, cs, **opts)
     M_w = R.ssd_magnitude(p.x, p.dt, A_weaker, p.B, p.C, cs, **opts)
@@ -422,11 +434,17 @@ def forward_bf16_bound(p: Problem, backend: str) -> dict:
 
 
 def _keeps_chunk_states(q: Problem, backend: str) -> bool:
-    """Whether ssd_forward on q's arrays, on `backend`, stores chunk states between its kernels
-    (the three-kernel path; the scan keeps its state in registers): its launch plan's outputs."""
+    """Whether ssd_forward on q's (bfloat16) arrays, on `backend`, stores chunk states between
+    its kernels (the three-kernel path; the scan keeps its state in registers), by its launch
+    plan's outputs; AssertionError where it stores them in another dtype than the README's
+    default (DEFAULT_STATE_DTYPES: bfloat16)."""
     plan = launch_plan(**on_backend(q, backend), chunk_size=q.chunk_size,
                        dt_softplus=q.dt_softplus, dt_limit=q.dt_limit)
-    return any(name == "chunk_states" for name, _, _ in plan.outputs)
+    narrow = {name: like_x for name, _, like_x in plan.outputs}.get("chunk_states")
+    if narrow is False:
+        raise AssertionError(f"bfloat16 inputs keep float32 chunk states by default (want "
+                             f"{expected_state_dtype('bfloat16', None)})\n  {q.describe()}")
+    return bool(narrow)
 
 
 def forward_fp16_bound(p: Problem, backend: str) -> dict:

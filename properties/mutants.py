@@ -314,6 +314,16 @@ CATALOGUE = [
            "a NumPy array is keyed by its item size, not its dtype: a bfloat16 call takes the "
            "plan of a float16 call of the same layout (past the scan's dstate, float32 chunk "
            "states where bfloat16's are bfloat16)"),
+    Mutant("bfloat16_states_by_default_wide", "kernels/ssd_forward.py",
+           'STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}',
+           'STATE_DTYPES = {"float32": "float32", "bfloat16": "float32", "float16": "float32"}',
+           "bfloat16 inputs store float32 chunk states by default: twice the state traffic the "
+           "README's default saves"),
+    Mutant("float16_states_by_default_narrow", "kernels/ssd_forward.py",
+           'STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}',
+           'STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "bfloat16"}',
+           "float16 inputs store their chunk states in x's dtype by default (float16: past 65504 "
+           "they overflow), and a bound read from this default would have loosened with it"),
     Mutant("plan_key_blind_to_options", "kernels/ssd_forward.py",
            "chunk_size, bool(dt_softplus),", "chunk_size,",
            "dt_softplus on takes the plan of dt_softplus off"),

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 from kernels import tuning_table
 from contract import Dims
+from properties.checks import expected_state_dtype
 from properties.strategies import Signature, signatures
 
 forward = importlib.import_module("kernels.ssd_forward")
@@ -40,6 +41,10 @@ def test_a_cached_plan_equals_a_fresh_one(drawn, backend, no_plans):
         cached = forward.launch_plan(**kw)
         assert cached == forward.build_plan(**kw), signature
         assert forward.launch_plan(**kw) is cached  # kept: the second call builds nothing
+        # chunk states (three kernels) in the dtype the README promises, x's where not float32
+        narrow_states = {name: like_x for name, _, like_x in cached.outputs}.get("chunk_states")
+        expected = expected_state_dtype(signature.dtype, signature.states)
+        assert narrow_states in (None, expected != "float32"), (signature, expected)
 
 
 def test_the_drawn_changes_cover_every_parameter_of_build_plan_in_every_aspect():
