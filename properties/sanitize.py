@@ -65,39 +65,37 @@ class Explained:
         return f"{Path(self.path).name}:{found[0]}"
 
 
-# racecheck: a [1, 1] tile (or a [BLOCK_T, 1] column) loaded in a loop that the compiler pipelines
-# through shared memory: every thread that owns the tile copies the same bytes to the same place
-_ASYNC_COPY = "compute-sanitizer: racecheck and a replicated tile's asynchronous copy"
-_WAW = "Error: Race reported between Write access and Write access"
-# initcheck: the loads of dA_cumsum's chunk- or block-end entry, which chunk_cumsum writes with
-# TMA stores (initcheck does not count those as writes)
-_TMA_STORE = "compute-sanitizer: initcheck and TMA stores"
-_UNINITIALIZED = "Uninitialized __global__ memory read of size 4 bytes"
+# The reported lines: (kernel, file in kernels/, the line's text)
+_CHUNK_END = ("_fwd_pass_state_kernel", "fwd_pass_state.py",
+              "a_last = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, CHUNK - 1)")
+_CHUNK_SEGMENT = ("_fwd_pass_state_kernel", "fwd_pass_state.py",
+                  "seg_last = ct.load(seg, (i_b, last), shape=(1, 1))")
+_PASS_CHUNK_END = ("_state_pass_kernel", "fwd_pass_state.py",
+                   "a_last = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, END)")
+_BLOCK_END = "ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc * BLOCK_T + BLOCK_T - 1),"
+_OUT_BLOCK_END = ("_compute_out_chunk_kernel", "compute_out.py", _BLOCK_END)
+_SCAN_BLOCK_END = ("_ssd_scan_kernel", "ssd_scan.py", _BLOCK_END)
+_SCAN_SEGMENT = ("_ssd_scan_kernel", "ssd_scan.py",
+                 "seg_last = ct.load(seg, (i_b, ct.minimum(i_t * BLOCK_T + BLOCK_T - 1,")
+_VARLEN_DT = ("_ssd_varlen_kernel", "ssd_varlen.py",
+              "dt_s = ct.gather(dt_out, (0, i_h, t // CHUNK, t % CHUNK), mask=inside)")
+# (tool, kind of report, DECISIONS.md section, lines)
+_RULES = (
+    # initcheck: the loads of dA_cumsum's chunk- or block-end entry, which chunk_cumsum writes
+    # with TMA stores (initcheck does not count those as writes)
+    ("initcheck", "Uninitialized __global__ memory read of size 4 bytes",
+     "compute-sanitizer: initcheck and TMA stores",
+     (_CHUNK_END, _PASS_CHUNK_END, _SCAN_BLOCK_END)),
+    # racecheck: a [1, 1] tile (or a [BLOCK_T, 1] column) loaded in a loop that the compiler
+    # pipelines through shared memory: every thread that owns the tile copies the same bytes to
+    # the same place
+    ("racecheck", "Error: Race reported between Write access and Write access",
+     "compute-sanitizer: racecheck and a replicated tile's asynchronous copy",
+     (_CHUNK_END, _CHUNK_SEGMENT, _OUT_BLOCK_END, _SCAN_BLOCK_END, _SCAN_SEGMENT, _VARLEN_DT)),
+)
 EXPLAINED: tuple[Explained, ...] = tuple(
-    Explained("initcheck", kernel, f"kernels/{path}", text, _UNINITIALIZED, _TMA_STORE)
-    for kernel, path, text in (
-        ("_fwd_pass_state_kernel", "fwd_pass_state.py",
-         "a_last = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, CHUNK - 1)"),
-        ("_state_pass_kernel", "fwd_pass_state.py",
-         "a_last = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, END), shape=(1, 1, 1, 1))"),
-        ("_ssd_scan_kernel", "ssd_scan.py",
-         "ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc * BLOCK_T + BLOCK_T - 1),"),
-    )) + tuple(
-    Explained("racecheck", kernel, f"kernels/{path}", text, _WAW, _ASYNC_COPY)
-    for kernel, path, text in (
-        ("_fwd_pass_state_kernel", "fwd_pass_state.py",
-         "a_last = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, CHUNK - 1)"),
-        ("_fwd_pass_state_kernel", "fwd_pass_state.py",
-         "seg_last = ct.load(seg, (i_b, last), shape=(1, 1))"),
-        ("_compute_out_chunk_kernel", "compute_out.py",
-         "ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc * BLOCK_T + BLOCK_T - 1),"),
-        ("_ssd_scan_kernel", "ssd_scan.py",
-         "ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc * BLOCK_T + BLOCK_T - 1),"),
-        ("_ssd_scan_kernel", "ssd_scan.py",
-         "seg_last = ct.load(seg, (i_b, ct.minimum(i_t * BLOCK_T + BLOCK_T - 1, seqlen - 1)),"),
-        ("_ssd_varlen_kernel", "ssd_varlen.py",
-         "dt_s = ct.gather(dt_out, (0, i_h, t // CHUNK, t % CHUNK), mask=inside)"),
-    ))
+    Explained(tool, kernel, f"kernels/{path}", text, kind, reason)
+    for tool, kind, reason, lines in _RULES for kernel, path, text in lines)
 
 
 @dataclass(frozen=True)
