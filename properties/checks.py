@@ -21,7 +21,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 import reference as R
-from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
+from kernels import (chunk_cumsum, compute_out, fwd_pass_state, raise_pending_errors, ssd_forward,
+                     ssd_scan)
 from kernels.arrays import Backend, gpu_available
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, RULES_BLOCK_T, RULES_OCCUPANCY
 from kernels.compute_out import compute_out_choices
@@ -966,6 +967,89 @@ def determinism(p: Problem, backend: str) -> dict:
     return {}
 
 
+# the start of each bad argument's error, on the device (kernels.errors) and on the host
+# (contract.check_vector_values): what names it
+_NAMES = {"A": "A must", "dt_bias": "dt_bias must", "D": "D must"}
+
+
+def bad_values(p: Problem, backend: str) -> dict:
+    """ssd_forward with bad values planted (p.params["bad"]: [argument, index, value] each, a
+    head of A or dt_bias, a head or a (head, channel) of D; NaN, +-inf, A >= 0), under
+    p.params["check_values"]:
+    - False (the GPU's default): every output a bad value feeds is NaN (A, dt_bias: the head's
+      y and final state; D: the head's or the channel's y alone), every other output is bit for
+      bit the good call's; the pending error names each bad argument and no other; a good call
+      after it gives the good call's outputs and no error.
+    - True, or None on the interpreter (checked on the host): a ValueError at once, naming one
+      bad argument and no good one, nothing launched, nothing pending."""
+    bad = [(name, tuple(index), value) for name, index, value in p.params["bad"]]
+    check_values = p.params["check_values"]
+    planted = {}
+    for name, index, value in bad:
+        planted.setdefault(name, np.array(getattr(p, name), copy=True))[index] = value
+    q = p.replace(**planted)
+    options = dict(chunk_size=p.chunk_size, dt_softplus=p.dt_softplus, dt_limit=p.dt_limit,
+                   return_final_states=True)
+    y_good, final_good = forward(p, backend)
+    raise_pending_errors()  # the good call reports nothing
+    host_checked = check_values or (check_values is None and backend == "interpreter")
+    try:
+        y, final = _run(ssd_forward, **on_backend(q, backend), **options,
+                        check_values=check_values)
+    except ValueError as e:
+        named = {n for n, start in _NAMES.items() if start in str(e)}
+        if not host_checked or len(named) != 1 or not named <= {n for n, _, _ in bad}:
+            raise AssertionError(f"check_values={check_values}: ValueError {e!s:.200} names "
+                                 f"{sorted(named)}; bad: {bad}\n  {q.describe()}") from None
+        raise_pending_errors()  # nothing launched, nothing pending
+        return {}
+    try:
+        _check_fed(q, bad, check_values, host_checked, (y, final), (y_good, final_good))
+    except AssertionError:
+        with contextlib.suppress(ValueError):  # the next example must not be blamed for it
+            raise_pending_errors()
+        raise
+    y_after, final_after = forward(p, backend)
+    raise_pending_errors()  # the good call after it is not blamed
+    check_identical("y of a good call after", y_after, y_good, p)
+    check_identical("final_states of a good call after", final_after, final_good, p)
+    return {}
+
+
+def _check_fed(q: Problem, bad: list, check_values, host_checked: bool, got: tuple,
+               good: tuple):
+    """bad_values' checks of a call that ran with bad values (q) and returned `got`: NaN where
+    they feed, the good call's bits elsewhere, the pending error naming each bad argument."""
+    y, final = got
+    y_good, final_good = good
+    if host_checked:
+        raise AssertionError(f"check_values={check_values}: no ValueError for {bad}\n"
+                             f"  {q.describe()}")
+    fed_y = np.zeros(y.shape, bool)
+    fed_final = np.zeros(final.shape, bool)
+    for name, index, _ in bad:
+        if name == "D":  # D feeds y alone: the head's, or the channel's
+            fed_y[(slice(None), slice(None)) + index] = True
+        else:
+            fed_y[:, :, index[0]] = fed_final[:, index[0]] = True
+    for what, got, good, fed in (("y", y, y_good, fed_y), ("final_states", final, final_good,
+                                                              fed_final)):
+        if not np.isnan(got[fed]).all():
+            w = tuple(int(i) for i in np.argwhere(fed & ~np.isnan(got))[0])
+            raise AssertionError(f"bad {bad}: {what}{list(w)}, which a bad value feeds, is "
+                                 f"{got[w]!r}, not NaN\n  {q.describe()}")
+        check_identical(f"{what} a bad value does not feed", np.where(fed, good, got), good, q)
+    try:
+        raise_pending_errors()
+    except ValueError as e:
+        named = {n for n, start in _NAMES.items() if start in str(e)}
+        if named != {n for n, _, _ in bad}:
+            raise AssertionError(f"the error names {sorted(named)} for bad {bad}: "
+                                 f"{e!s:.300}\n  {q.describe()}") from None
+    else:
+        raise AssertionError(f"no error pending after bad {bad}\n  {q.describe()}")
+
+
 # --------------------------------------------------------------------------------------------
 # Strategies with each property's own parameters, and the registry
 
@@ -978,6 +1062,37 @@ def _with(strategy, **params):
         p = draw(strategy)
         return p.replace(params={k: draw(f(p)) for k, f in params.items()})
     return draw_case()
+
+
+# bad values by argument: A >= 0 is refused as a non-finite value is
+_BAD = {"A": (math.nan, math.inf, -math.inf, 0.0, 0.5),
+        "dt_bias": (math.nan, math.inf, -math.inf), "D": (math.nan, math.inf, -math.inf)}
+
+
+def _bad_values(p: Problem):
+    """One or two bad values, JSON-able: [argument, index, value] each, among p's A, dt_bias
+    and D (a head; of a D per channel, a (head, channel))."""
+    present = [n for n in _BAD if getattr(p, n) is not None]
+
+    @st.composite
+    def one(draw):
+        name = draw(st.sampled_from(present))
+        shape = getattr(p, name).shape
+        # each axis: its first, its last or any entry (the last head's or channel's block)
+        index = [draw(st.one_of(st.just(0), st.just(n - 1), st.integers(0, n - 1)))
+                 for n in shape]
+        return [name, index, draw(st.sampled_from(_BAD[name]))]
+    return st.lists(one(), min_size=1, max_size=2)
+
+
+def _per_channel_D(p: Problem) -> Problem:
+    """p with a D per channel, (nheads, headdim), of its own values."""
+    rng = np.random.default_rng(p.dims.nheads * 1000 + p.dims.headdim)
+    return p.replace(D=rng.standard_normal((p.dims.nheads, p.dims.headdim)).astype(np.float32))
+
+
+def _check_values(p: Problem):
+    return st.sampled_from((False, None, True))
 
 
 # the launcher's own hint and token block first: Hypothesis draws a sampled_from's first element
@@ -1065,6 +1180,11 @@ PROPERTIES = {prop.name: prop for prop in [
         alpha_log2=lambda p: st.integers(-4, 4), seed=_seeds)),
     Property("head_permutation", head_permutation, lambda: _with(problems(), perm=_perms)),
     Property("determinism", determinism, lambda: problems()),
+    # a third of the examples wide with a per-channel D (past chunk_cumsum's 64-channel check
+    # block where headdim is)
+    Property("bad_values", bad_values, lambda: _with(
+        st.one_of(problems(), problems(), problems(wide=True).map(_per_channel_D)),
+        bad=_bad_values, check_values=_check_values)),
 ]}
 
 

@@ -301,6 +301,26 @@ CATALOGUE = [
            "            # rows past seqlen and columns past headdim are masked by the store; y has x's",
            "the scan adds y's previous contents to the block's output (as if y held a partial "
            "sum): it reads y before any program wrote it"),
+    # the values the kernels check on the device (kernels/errors.py): a check that sees part of
+    # the data, an error bit naming the wrong argument, an output a bad value feeds left finite
+    Mutant("D_check_first_block_only", "kernels/chunk_cumsum.py",
+           "for i_p in range(ct.where(first, ct.cdiv(D.shape[1], BLOCK_DP), 0)):",
+           "for i_p in range(ct.where(first, 1, 0)):",
+           "chunk_cumsum checks a per-channel D's first 64 channels only: a bad channel past "
+           "them makes its y NaN with no error"),
+    Mutant("dt_bias_error_named_A", "kernels/chunk_cumsum.py",
+           "bad = bad | ct.where(ct.abs(bias) < math.inf, 0, ERROR_DT_BIAS)",
+           "bad = bad | ct.where(ct.abs(bias) < math.inf, 0, ERROR_A)",
+           "a dt_bias that is not finite is reported as a bad A"),
+    Mutant("A_zero_accepted", "kernels/chunk_cumsum.py",
+           "bad = ct.where((a_h < 0.0) & (a_h > -math.inf)",
+           "bad = ct.where((a_h <= 0.0) & (a_h > -math.inf)",
+           "A = 0 passes the device's check: no decay, finite outputs, no error"),
+    Mutant("D_inf_kept", "kernels/arrays.py",
+           "return ct.where(ct.abs(skip) < math.inf, skip, math.nan)",
+           "return skip",
+           "an infinite D stays infinite in compute_out and the scan: its y is +-inf (NaN only "
+           "where x is 0), not NaN"),
     # the launch plan's cache key (kernels.ssd_forward.plan_key): a key blind to something a plan
     # reads hands one signature's plan to another
     Mutant("plan_key_blind_to_strides", "kernels/ssd_forward.py",

@@ -122,6 +122,11 @@ def test_linearity_in_x(problem, backend, reach):
     check("linearity_in_x", problem, backend, reach)
 
 
+@given(problem=PROPERTIES["bad_values"].strategy())
+def test_bad_values_feed_nan_and_name_their_argument(problem, backend, reach):
+    check("bad_values", problem, backend, reach)
+
+
 # The reach model's cover (properties.reach.cover): a few problems that launch every class
 # reachable at the profile's caps, each run by the property of its kind, so that the suite
 # launches every class whatever the drawn examples are (none where the profile asks no reach).
