@@ -21,6 +21,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 import reference as R
+from contract import Dims
 from kernels import (chunk_cumsum, compute_out, fwd_pass_state, raise_pending_errors, ssd_forward,
                      ssd_scan)
 from kernels.arrays import Backend, gpu_available
@@ -36,8 +37,8 @@ from kernels.ssd_scan import ssd_scan_choices
 from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
 from properties.profiles import buckets, caps
-from properties.strategies import (LAID_OUT, WEIGHT_ARRAYS, Problem, conv_columns, problems,
-                                   projection_columns)
+from properties.strategies import (LAID_OUT, WEIGHT_ARRAYS, Problem, conv_columns, problem,
+                                   problems, projection_columns, spec_of)
 
 BACKENDS = ("interpreter", "gpu")
 
@@ -968,34 +969,55 @@ def determinism(p: Problem, backend: str) -> dict:
 
 
 # the start of each bad argument's error, on the device (kernels.errors) and on the host
-# (contract.check_vector_values): what names it
-_NAMES = {"A": "A must", "dt_bias": "dt_bias must", "D": "D must"}
+# (contract.check_vector_values, contract.cu_seqlens_values): what names it
+_NAMES = {"A": "A must", "dt_bias": "dt_bias must", "D": "D must", "cu_seqlens": "cu_seqlens must"}
 
 
 def bad_values(p: Problem, backend: str) -> dict:
     """ssd_forward with bad values planted (p.params["bad"]: [argument, index, value] each, a
-    head of A or dt_bias, a head or a (head, channel) of D; NaN, +-inf, A >= 0), under
+    head of A or dt_bias, a head or a (head, channel) of D, NaN, +-inf, A >= 0; on a packed row
+    also ["cu_seqlens", kind, None], offsets not starting at 0, or ending past or short of
+    seqlen), on p.params["path"]: "forward" (p as drawn) or "packed" (p's first row cut into
+    sequences at p.params["lengths"], each from its own initial state), under
     p.params["check_values"]:
     - False (the GPU's default): every output a bad value feeds is NaN (A, dt_bias: the head's
-      y and final state; D: the head's or the channel's y alone), every other output is bit for
+      y and its final state, or the states of its non-empty sequences; D: the head's or the
+      channel's y alone; cu_seqlens: all of y and every state), every other output is bit for
       bit the good call's; the pending error names each bad argument and no other; a good call
       after it gives the good call's outputs and no error.
     - True, or None on the interpreter (checked on the host): a ValueError at once, naming one
       bad argument and no good one, nothing launched, nothing pending."""
-    bad = [(name, tuple(index), value) for name, index, value in p.params["bad"]]
+    bad = [(name, index if name == "cu_seqlens" else tuple(index), value)
+           for name, index, value in p.params["bad"]]
     check_values = p.params["check_values"]
-    planted = {}
+    packed = p.params["path"] == "packed"
+    cu = None
+    if packed:
+        p, cu = _packed_row(p)
+    planted, cu_bad = {}, cu
     for name, index, value in bad:
-        planted.setdefault(name, np.array(getattr(p, name), copy=True))[index] = value
+        if name == "cu_seqlens":
+            cu_bad = _bad_offsets(cu, index)
+        else:
+            planted.setdefault(name, np.array(getattr(p, name), copy=True))[index] = value
     q = p.replace(**planted)
-    options = dict(chunk_size=p.chunk_size, dt_softplus=p.dt_softplus, dt_limit=p.dt_limit,
-                   return_final_states=True)
-    y_good, final_good = forward(p, backend)
+
+    def call(problem, offsets, check):
+        options = dict(D=problem.D, z=problem.z, dt_bias=problem.dt_bias,
+                       initial_states=problem.initial_states, dt_softplus=problem.dt_softplus,
+                       dt_limit=problem.dt_limit, check_values=check, laid_out_as=problem)
+        if packed:
+            return _call(ssd_forward, backend, problem.x, problem.dt, problem.A, problem.B,
+                         problem.C, problem.chunk_size, cu_seqlens=offsets,
+                         return_varlen_states=True, **options)
+        return _call(ssd_forward, backend, problem.x, problem.dt, problem.A, problem.B,
+                     problem.C, problem.chunk_size, seq_idx=problem.seq_idx,
+                     return_final_states=True, **options)
+    good = call(p, cu, None)
     raise_pending_errors()  # the good call reports nothing
     host_checked = check_values or (check_values is None and backend == "interpreter")
     try:
-        y, final = _run(ssd_forward, **on_backend(q, backend), **options,
-                        check_values=check_values)
+        got = call(q, cu_bad, check_values)
     except ValueError as e:
         named = {n for n, start in _NAMES.items() if start in str(e)}
         if not host_checked or len(named) != 1 or not named <= {n for n, _, _ in bad}:
@@ -1004,41 +1026,70 @@ def bad_values(p: Problem, backend: str) -> dict:
         raise_pending_errors()  # nothing launched, nothing pending
         return {}
     try:
-        _check_fed(q, bad, check_values, host_checked, (y, final), (y_good, final_good))
+        if host_checked:
+            raise AssertionError(f"check_values={check_values}: no ValueError for {bad}\n"
+                                 f"  {q.describe()}")
+        _check_fed(q, bad, got, good, _fed(bad, got, cu))
     except AssertionError:
         with contextlib.suppress(ValueError):  # the next example must not be blamed for it
             raise_pending_errors()
         raise
-    y_after, final_after = forward(p, backend)
+    after = call(p, cu, None)
     raise_pending_errors()  # the good call after it is not blamed
-    check_identical("y of a good call after", y_after, y_good, p)
-    check_identical("final_states of a good call after", final_after, final_good, p)
+    for what, a, b in zip(("y", "states"), after, good):
+        check_identical(f"{what} of a good call after", a, b, p)
     return {}
 
 
-def _check_fed(q: Problem, bad: list, check_values, host_checked: bool, got: tuple,
-               good: tuple):
-    """bad_values' checks of a call that ran with bad values (q) and returned `got`: NaN where
-    they feed, the good call's bits elsewhere, the pending error naming each bad argument."""
-    y, final = got
-    y_good, final_good = good
-    if host_checked:
-        raise AssertionError(f"check_values={check_values}: no ValueError for {bad}\n"
-                             f"  {q.describe()}")
-    fed_y = np.zeros(y.shape, bool)
-    fed_final = np.zeros(final.shape, bool)
+def _packed_row(p: Problem) -> tuple[Problem, np.ndarray]:
+    """p's first row with an initial state per sequence, and the offsets of its sequences."""
+    row = lambda a: None if a is None else a[:1]  # noqa: E731
+    cu = packed_offsets(p.dims.seqlen, p.params["lengths"])
+    rng = np.random.default_rng(p.params["seed"])
+    h0 = rng.standard_normal((len(cu) - 1, p.dims.nheads, p.dims.headdim,
+                              p.dims.dstate)).astype(np.float32)
+    return p.replace(x=row(p.x), dt=row(p.dt), B=row(p.B), C=row(p.C), z=row(p.z), seq_idx=None,
+                     initial_states=h0), cu
+
+
+def _bad_offsets(cu: np.ndarray, kind: str) -> np.ndarray:
+    """Offsets `cu` made bad: not starting at 0 ("start"), ending past seqlen ("end_past") or
+    one token short of it ("end_short", where the last sequence has a token to lose)."""
+    bad = cu.copy()
+    if kind == "start":
+        bad[0] = 1
+    else:
+        bad[-1] += 1 if kind == "end_past" else -1
+    return bad
+
+
+def _fed(bad: list, got: tuple, cu) -> tuple[np.ndarray, np.ndarray]:
+    """(y's, the states') elements the bad values feed: a head's y and its final state or the
+    states of its non-empty sequences (A, dt_bias), a head's or a channel's y (D), everything
+    (cu_seqlens)."""
+    y, states = got
+    fed_y, fed_states = np.zeros(y.shape, bool), np.zeros(states.shape, bool)
+    sequences = slice(None) if cu is None else np.diff(cu) > 0  # a batch row, or a sequence
     for name, index, _ in bad:
-        if name == "D":  # D feeds y alone: the head's, or the channel's
+        if name == "cu_seqlens":
+            fed_y[...] = fed_states[...] = True
+        elif name == "D":  # D feeds y alone: the head's, or the channel's
             fed_y[(slice(None), slice(None)) + index] = True
         else:
-            fed_y[:, :, index[0]] = fed_final[:, index[0]] = True
-    for what, got, good, fed in (("y", y, y_good, fed_y), ("final_states", final, final_good,
-                                                              fed_final)):
-        if not np.isnan(got[fed]).all():
-            w = tuple(int(i) for i in np.argwhere(fed & ~np.isnan(got))[0])
+            fed_y[:, :, index[0]] = True
+            fed_states[sequences, index[0]] = True
+    return fed_y, fed_states
+
+
+def _check_fed(q: Problem, bad: list, got: tuple, good: tuple, fed: tuple):
+    """bad_values' checks of a call that ran with bad values (q): NaN where they feed, the good
+    call's bits elsewhere, the pending error naming each bad argument."""
+    for what, a, b, where in zip(("y", "states"), got, good, fed):
+        if not np.isnan(a[where]).all():
+            w = tuple(int(i) for i in np.argwhere(where & ~np.isnan(a))[0])
             raise AssertionError(f"bad {bad}: {what}{list(w)}, which a bad value feeds, is "
-                                 f"{got[w]!r}, not NaN\n  {q.describe()}")
-        check_identical(f"{what} a bad value does not feed", np.where(fed, good, got), good, q)
+                                 f"{a[w]!r}, not NaN\n  {q.describe()}")
+        check_identical(f"{what} a bad value does not feed", np.where(where, b, a), b, q)
     try:
         raise_pending_errors()
     except ValueError as e:
@@ -1069,30 +1120,66 @@ _BAD = {"A": (math.nan, math.inf, -math.inf, 0.0, 0.5),
         "dt_bias": (math.nan, math.inf, -math.inf), "D": (math.nan, math.inf, -math.inf)}
 
 
-def _bad_values(p: Problem):
-    """One or two bad values, JSON-able: [argument, index, value] each, among p's A, dt_bias
-    and D (a head; of a D per channel, a (head, channel))."""
-    present = [n for n in _BAD if getattr(p, n) is not None]
+def _lengths(p: Problem):
+    """Sequence lengths of a packed row of p (packed_offsets): the edges of a chunk and any."""
+    return st.lists(st.one_of(
+        st.sampled_from((0, 1, p.chunk_size - 1, p.chunk_size, p.chunk_size + 1,
+                         2 * p.chunk_size + 3)),
+        st.integers(0, p.dims.seqlen)), min_size=1, max_size=8)
 
-    @st.composite
-    def one(draw):
-        name = draw(st.sampled_from(present))
-        shape = getattr(p, name).shape
+
+@st.composite
+def _bad_value_problems(draw, strategy):
+    """Problems of `strategy` with bad_values' parameters, JSON-able: the path, check_values,
+    a packed row's lengths and seed, and one or two bad values, [argument, index, value] each,
+    among the problem's A, dt_bias and D (a head; of a D per channel, a (head, channel)) and,
+    on a packed row, its offsets (["cu_seqlens", kind, None])."""
+    p = draw(strategy)
+    params = {"path": draw(st.sampled_from(("packed", "forward"))),
+              "check_values": draw(st.sampled_from((False, None, True)))}
+    offsets = []
+    if params["path"] == "packed":
+        params.update(lengths=draw(_lengths(p)), seed=draw(_seeds(p)))
+        # not "decreasing": a decrease makes two sequences overlap, whose programs then store
+        # different values to the same tokens of y before _ssd_varlen_refused_kernel makes all
+        # of y NaN, an order-dependent store the interpreter refuses (the kernel checks its own
+        # sequence's offsets only)
+        cu = packed_offsets(p.dims.seqlen, params["lengths"])
+        offsets = (["end_short"] if cu[-2] < cu[-1] else []) + ["start", "end_past"]
+    present = [n for n in _BAD if getattr(p, n) is not None] + (["cu_seqlens"] if offsets
+                                                                  else [])
+
+    def one(name):
+        if name == "cu_seqlens":
+            return [name, draw(st.sampled_from(offsets)), None]
         # each axis: its first, its last or any entry (the last head's or channel's block)
         index = [draw(st.one_of(st.just(0), st.just(n - 1), st.integers(0, n - 1)))
-                 for n in shape]
+                 for n in getattr(p, name).shape]
         return [name, index, draw(st.sampled_from(_BAD[name]))]
-    return st.lists(one(), min_size=1, max_size=2)
+    # each argument bad or not (one at least), so that every one is often bad, alone or with
+    # others
+    chosen = [n for n in present if draw(st.booleans())] or [draw(st.sampled_from(present))]
+    return p.replace(params=dict(params, bad=[one(name) for name in chosen]))
+
+
+def bad_value_examples() -> list[Problem]:
+    """bad_values' explicit examples, run before its drawn ones: a per-channel D bad in its
+    last channel past chunk_cumsum's first 64-channel block, and packed offsets ending one token
+    short of seqlen and starting past 0 (with a zero A), each on the device's checks."""
+    wide = _per_channel_D(problem(spec_of(Dims(1, 40, 2, 80, 1, 8, 16), {})))
+    packed = problem(spec_of(Dims(1, 70, 4, 8, 1, 8, 16), dict(D="head", dt_bias=True)))
+    row = dict(path="packed", check_values=False, lengths=[0, 20, 5], seed=1)
+    return [wide.replace(params=dict(path="forward", check_values=False,
+                                     bad=[["D", [1, 79], math.inf]])),
+            packed.replace(params=dict(row, bad=[["cu_seqlens", "end_short", None]])),
+            packed.replace(params=dict(row, bad=[["cu_seqlens", "start", None],
+                                                 ["A", [0], 0.0]]))]
 
 
 def _per_channel_D(p: Problem) -> Problem:
     """p with a D per channel, (nheads, headdim), of its own values."""
     rng = np.random.default_rng(p.dims.nheads * 1000 + p.dims.headdim)
     return p.replace(D=rng.standard_normal((p.dims.nheads, p.dims.headdim)).astype(np.float32))
-
-
-def _check_values(p: Problem):
-    return st.sampled_from((False, None, True))
 
 
 # the launcher's own hint and token block first: Hypothesis draws a sampled_from's first element
@@ -1159,12 +1246,7 @@ PROPERTIES = {prop.name: prop for prop in [
         large=lambda p: st.booleans(), seed=_seeds)),
     # lengths around the chunk (0, 1, chunk - 1, chunk, chunk + 1), several chunks, any
     Property("varlen_packed", varlen_packed, lambda: _with(
-        problems(initial_states=False, segments=False),
-        lengths=lambda p: st.lists(st.one_of(
-            st.sampled_from((0, 1, p.chunk_size - 1, p.chunk_size, p.chunk_size + 1,
-                             2 * p.chunk_size + 3)),
-            st.integers(0, p.dims.seqlen)), min_size=1, max_size=8),
-        seed=_seeds)),
+        problems(initial_states=False, segments=False), lengths=_lengths, seed=_seeds)),
     Property("cumsum_non_increasing", cumsum_non_increasing,
              lambda: st.one_of(problems(), problems(extreme=True))),
     Property("chunk_size_invariance", chunk_size_invariance, lambda: _with(
@@ -1182,9 +1264,8 @@ PROPERTIES = {prop.name: prop for prop in [
     Property("determinism", determinism, lambda: problems()),
     # a third of the examples wide with a per-channel D (past chunk_cumsum's 64-channel check
     # block where headdim is)
-    Property("bad_values", bad_values, lambda: _with(
-        st.one_of(problems(), problems(), problems(wide=True).map(_per_channel_D)),
-        bad=_bad_values, check_values=_check_values)),
+    Property("bad_values", bad_values, lambda: _bad_value_problems(
+        st.one_of(problems(), problems(), problems(wide=True).map(_per_channel_D)))),
 ]}
 
 

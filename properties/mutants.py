@@ -316,6 +316,14 @@ CATALOGUE = [
            "bad = ct.where((a_h < 0.0) & (a_h > -math.inf)",
            "bad = ct.where((a_h <= 0.0) & (a_h > -math.inf)",
            "A = 0 passes the device's check: no decay, finite outputs, no error"),
+    Mutant("varlen_start_check_dropped", "kernels/ssd_varlen.py",
+           "    bad = bad | ((i_s == 0) & (start != 0))\n", "",
+           "packed offsets that do not start at 0 pass: the tokens before the first offset keep "
+           "whatever y held, and no error names cu_seqlens"),
+    Mutant("varlen_end_check_dropped", "kernels/ssd_varlen.py",
+           "    bad = bad | ((i_s == cu_seqlens.shape[0] - 2) & (end != seqlen))\n", "",
+           "packed offsets that end short of seqlen pass: the tokens after the last offset "
+           "keep whatever y held, and no error names cu_seqlens"),
     Mutant("D_inf_kept", "kernels/arrays.py",
            "return ct.where(ct.abs(skip) < math.inf, skip, math.nan)",
            "return skip",

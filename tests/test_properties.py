@@ -10,9 +10,9 @@ the worst case.
 from pathlib import Path
 
 import pytest
-from hypothesis import given, target
+from hypothesis import example, given, target
 
-from properties.checks import PROPERTIES, run
+from properties.checks import PROPERTIES, bad_value_examples, run
 from properties.profiles import caps
 from properties.reach import COVER_PROPERTY, cover
 from properties.strategies import Problem, problem, spec_of
@@ -125,6 +125,11 @@ def test_linearity_in_x(problem, backend, reach):
 @given(problem=PROPERTIES["bad_values"].strategy())
 def test_bad_values_feed_nan_and_name_their_argument(problem, backend, reach):
     check("bad_values", problem, backend, reach)
+
+
+for _p in bad_value_examples():  # run before the drawn examples, whatever the draws are
+    test_bad_values_feed_nan_and_name_their_argument = example(problem=_p)(
+        test_bad_values_feed_nan_and_name_their_argument)
 
 
 # The reach model's cover (properties.reach.cover): a few problems that launch every class
