@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from kernels import tuning_table
 from contract import Dims
@@ -32,8 +32,16 @@ def arguments(signature, backend):
     return signature.arguments(np)
 
 
+# float16 then bfloat16 (one item size), dstate past the scan's tile: their plans differ in the
+# chunk states' dtype alone, so a key blind to the dtype shows here whatever the draws are
+FP16_THEN_BF16 = [Signature(Dims(1, 40, 2, 8, 1, 200, 16), dtype, None, False, False, False,
+                            False, False, (0.0, math.inf), None)
+                  for dtype in ("float16", "bfloat16")]
+
+
 @pytest.mark.properties
 @given(drawn=signatures())
+@example(drawn=FP16_THEN_BF16)
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # one cache a test
 def test_a_cached_plan_equals_a_fresh_one(drawn, backend, no_plans):
     for signature in drawn:
