@@ -38,7 +38,7 @@ from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_
                                decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
 from properties.profiles import buckets, caps
 from properties.strategies import (LAID_OUT, WEIGHT_ARRAYS, Problem, conv_columns, problem,
-                                   problems, projection_columns, spec_of)
+                                   problems, projection_columns, spec_of, to_backend)
 
 BACKENDS = ("interpreter", "gpu")
 
@@ -55,23 +55,6 @@ def resolve_backend(choice: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # Arrays on the backend, kernels with NaN-filled outputs
-
-
-def to_backend(a, backend: str):
-    """A NumPy array on `backend`: 'gpu' (CuPy), 'torch' (a torch CUDA tensor; a bfloat16 array
-    as the same bits) or 'interpreter' (NumPy)."""
-    if a is None:
-        return None
-    a = np.ascontiguousarray(a)
-    if backend == "torch":
-        import torch
-        if a.dtype == ml_dtypes.bfloat16:
-            return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
-        return torch.from_numpy(a).cuda()
-    if backend == "gpu":
-        import cupy
-        return cupy.asarray(a)
-    return a
 
 
 def to_host(a) -> np.ndarray:
@@ -765,6 +748,19 @@ def packed_offsets(seqlen: int, lengths: list[int]) -> np.ndarray:
     return np.asarray(offsets, np.int32)
 
 
+def _packed_row(p: Problem) -> tuple[Problem, np.ndarray]:
+    """p's first row with a random initial state per sequence (p.params["seed"], else 0), and
+    the offsets of its sequences (p.params["lengths"], else 0, 1, chunk - 1, chunk, chunk + 1,
+    then the rest)."""
+    row = lambda a: None if a is None else a[:1]  # noqa: E731
+    d, q_size = p.dims, p.chunk_size
+    cu = packed_offsets(d.seqlen, p.params.get("lengths", [0, 1, q_size - 1, q_size, q_size + 1]))
+    rng = np.random.default_rng(p.params.get("seed", 0))
+    h0 = rng.standard_normal((len(cu) - 1, d.nheads, d.headdim, d.dstate)).astype(np.float32)
+    return p.replace(x=row(p.x), dt=row(p.dt), B=row(p.B), C=row(p.C), z=row(p.z), seq_idx=None,
+                     initial_states=h0), cu  # a state per sequence
+
+
 def varlen_packed(p: Problem, backend: str) -> dict:
     """The first batch row of p cut into sequences at the drawn lengths (0, 1, chunk - 1, chunk,
     chunk + 1 and several chunks among the draws; packed_offsets), each from its own random
@@ -775,13 +771,7 @@ def varlen_packed(p: Problem, backend: str) -> dict:
     on the GPU as torch tensors), the weights and the initial states as p's say (_as_bfloat16),
     y within narrow_output_bound at kappa of bfloat16 operands. Without drawn lengths (a cover
     problem): 0, 1, chunk - 1, chunk, chunk + 1, then the rest."""
-    row = lambda a: None if a is None else a[:1]  # noqa: E731
-    d, q_size = p.dims, p.chunk_size
-    cu = packed_offsets(d.seqlen, p.params.get("lengths", [0, 1, q_size - 1, q_size, q_size + 1]))
-    rng = np.random.default_rng(p.params.get("seed", 0))
-    h0 = rng.standard_normal((len(cu) - 1, d.nheads, d.headdim, d.dstate)).astype(np.float32)
-    q = p.replace(x=row(p.x), dt=row(p.dt), B=row(p.B), C=row(p.C), z=row(p.z), seq_idx=None,
-                  initial_states=h0)  # a state per sequence
+    q, cu = _packed_row(p)
     return _merge(_packed_against_alone(q, cu, backend),
                   _packed_against_alone(_as_bfloat16(q), cu, _narrow_backend(backend)))
 
@@ -973,6 +963,11 @@ def determinism(p: Problem, backend: str) -> dict:
 _NAMES = {"A": "A must", "dt_bias": "dt_bias must", "D": "D must", "cu_seqlens": "cu_seqlens must"}
 
 
+def _named(error: ValueError) -> set[str]:
+    """The arguments a bad-value error names."""
+    return {name for name, start in _NAMES.items() if start in str(error)}
+
+
 def bad_values(p: Problem, backend: str) -> dict:
     """ssd_forward with bad values planted (p.params["bad"]: [argument, index, value] each, a
     head of A or dt_bias, a head or a (head, channel) of D, NaN, +-inf, A >= 0; on a packed row
@@ -1019,7 +1014,7 @@ def bad_values(p: Problem, backend: str) -> dict:
     try:
         got = call(q, cu_bad, check_values)
     except ValueError as e:
-        named = {n for n, start in _NAMES.items() if start in str(e)}
+        named = _named(e)
         if not host_checked or len(named) != 1 or not named <= {n for n, _, _ in bad}:
             raise AssertionError(f"check_values={check_values}: ValueError {e!s:.200} names "
                                  f"{sorted(named)}; bad: {bad}\n  {q.describe()}") from None
@@ -1041,15 +1036,6 @@ def bad_values(p: Problem, backend: str) -> dict:
     return {}
 
 
-def _packed_row(p: Problem) -> tuple[Problem, np.ndarray]:
-    """p's first row with an initial state per sequence, and the offsets of its sequences."""
-    row = lambda a: None if a is None else a[:1]  # noqa: E731
-    cu = packed_offsets(p.dims.seqlen, p.params["lengths"])
-    rng = np.random.default_rng(p.params["seed"])
-    h0 = rng.standard_normal((len(cu) - 1, p.dims.nheads, p.dims.headdim,
-                              p.dims.dstate)).astype(np.float32)
-    return p.replace(x=row(p.x), dt=row(p.dt), B=row(p.B), C=row(p.C), z=row(p.z), seq_idx=None,
-                     initial_states=h0), cu
 
 
 def _bad_offsets(cu: np.ndarray, kind: str) -> np.ndarray:
@@ -1093,7 +1079,7 @@ def _check_fed(q: Problem, bad: list, got: tuple, good: tuple, fed: tuple):
     try:
         raise_pending_errors()
     except ValueError as e:
-        named = {n for n, start in _NAMES.items() if start in str(e)}
+        named = _named(e)
         if named != {n for n, _, _ in bad}:
             raise AssertionError(f"the error names {sorted(named)} for bad {bad}: "
                                  f"{e!s:.300}\n  {q.describe()}") from None

@@ -18,6 +18,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -561,11 +562,11 @@ class Signature:
         """ssd_forward's keyword arguments of this signature, as arrays of module `xp` (values
         random; a plan reads none). bfloat16 on the GPU comes as torch tensors (CuPy has no
         bfloat16), every array of the call alike."""
-        import ml_dtypes
         d, rng = self.dims, np.random.default_rng(0)
         narrow = ml_dtypes.bfloat16 if self.dtype == "bfloat16" else np.dtype(self.dtype)
         weight = narrow if self.weights == "activation" else np.float32
-        place = _placer(xp, self.dtype)
+        backend = "interpreter" if xp is np else "torch" if self.dtype == "bfloat16" else "gpu"
+        place = functools.partial(to_backend, backend=backend)
 
         def array(name: str, dtype, shape=None, negative=False):
             shape = d.shape(name) if shape is None else shape
@@ -592,19 +593,21 @@ class Signature:
             state_dtype=self.states)
 
 
-def _placer(xp, dtype: str):
-    """NumPy arrays to arrays of module `xp` (bfloat16 ones, on the GPU, to torch tensors)."""
-    if xp is np:
-        return lambda a: a
-    if dtype != "bfloat16":
-        return xp.asarray
-    import torch
-
-    def place(a):
-        if a.dtype.name == "bfloat16":
+def to_backend(a, backend: str):
+    """A NumPy array on `backend`: 'gpu' (CuPy), 'torch' (a torch CUDA tensor; a bfloat16 array
+    as the same bits) or 'interpreter' (NumPy)."""
+    if a is None:
+        return None
+    a = np.ascontiguousarray(a)
+    if backend == "torch":
+        import torch
+        if a.dtype == ml_dtypes.bfloat16:
             return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
         return torch.from_numpy(a).cuda()
-    return place
+    if backend == "gpu":
+        import cupy
+        return cupy.asarray(a)
+    return a
 
 
 STRIDABLE = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
