@@ -15,7 +15,7 @@ from contract import (Dims, check_chunk_cumsum_args, check_dt_limit, check_vecto
                       weight_dtypes)
 from kernels.arrays import (backend_of, check_grid, int32_indexed, needs_int64, or_error,
                            pow2_tile)
-from kernels.constants import ERROR_A, ERROR_D, ERROR_DT_BIAS, LOG2E
+from kernels.constants import ERROR_A, ERROR_CU_SEQLENS, ERROR_D, ERROR_DT_BIAS, LOG2E
 from kernels.errors import check_on_host, open_word
 
 SOFTPLUS_THRESHOLD = 20.0  # softplus(v) = v above it (as mamba_ssm and the reference)
@@ -31,18 +31,22 @@ class Choice(NamedTuple):
 CHOICES = (Choice(16), Choice(8), Choice(32))
 RULES_BLOCK_H = 16
 BLOCK_DP = 64  # channels of a per-channel D a program checks at a time: a [BLOCK_H, 64] tile
+BLOCK_CU = 256  # packed offsets a program checks at a time
 
 
-def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, D, dt_out: ct.IndexedWithInt64,
-                         dA_cumsum: ct.IndexedWithInt64, errors,
+def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, D, cu_seqlens,
+                         dt_out: ct.IndexedWithInt64, dA_cumsum: ct.IndexedWithInt64, errors,
                          CHUNK: ct.Constant[int], BLOCK_H: ct.Constant[int],
                          HAS_DT_BIAS: ct.Constant[bool], DT_SOFTPLUS: ct.Constant[bool],
                          DT_MIN: ct.Constant[float], DT_MAX: ct.Constant[float],
-                         HAS_D: ct.Constant[bool], D_PER_HEADDIM: ct.Constant[bool]):
+                         HAS_D: ct.Constant[bool], D_PER_HEADDIM: ct.Constant[bool],
+                         HAS_CU_SEQLENS: ct.Constant[bool]):
     """One program: dt_out and dA_cumsum of chunk bid(0) for heads block bid(1) of batch bid(2).
     A head whose A is not finite and < 0, or whose dt_bias is not finite, gets NaN in both, and
     its bit (ERROR_A, ERROR_DT_BIAS) is OR-ed into errors[0]. With HAS_D, a D that is not finite
-    sets ERROR_D there too (D feeds y alone: compute_out makes that y NaN)."""
+    sets ERROR_D there too (D feeds y alone: compute_out makes that y NaN); with HAS_CU_SEQLENS,
+    packed offsets that do not start at 0, decrease or do not end at seqlen set
+    ERROR_CU_SEQLENS (ssd_varlen, launched next, then steps through no sequence)."""
     i_c = ct.bid(0)
     i_hb = ct.bid(1)
     i_b = ct.bid(2)
@@ -87,6 +91,8 @@ def _chunk_cumsum_kernel(dt: ct.IndexedWithInt64, A, dt_bias, D, dt_out: ct.Inde
     flags = ct.max(bad & ERROR_A) | ct.max(bad & ERROR_DT_BIAS)
     if HAS_D:  # checked here, where an atomic is cheap (in compute_out's loops it is not)
         flags = flags | _bad_D(D, i_hb, (i_c == 0) & (i_b == 0), BLOCK_H, D_PER_HEADDIM)
+    if HAS_CU_SEQLENS:  # every offset at once, before any sequence runs (ssd_varlen)
+        flags = flags | _bad_offsets(cu_seqlens, seqlen, (i_c == 0) & (i_hb == 0) & (i_b == 0))
     or_error(errors, flags)
     # stored as (batch, nheads, nchunks, chunk_size); heads past nheads are masked by the store
     ct.store(dt_out, (i_b, i_hb, i_c, 0), ct.reshape(ct.transpose(v), (1, BLOCK_H, 1, CHUNK)))
@@ -110,6 +116,23 @@ def _bad_D(D, i_hb, first, BLOCK_H, D_PER_HEADDIM):
     return ct.max(bad)
 
 
+def _bad_offsets(cu_seqlens, seqlen, first):
+    """ERROR_CU_SEQLENS where the packed offsets do not start at 0, decrease anywhere, or do not
+    end at seqlen (so every offset lies in [0, seqlen] and no two sequences overlap), else 0:
+    read in blocks of BLOCK_CU pairs (cu[k], cu[k + 1]) by the first program only (`first`; a
+    zero trip count elsewhere)."""
+    pairs = cu_seqlens.shape[0] - 1
+    bad = ct.zeros((BLOCK_CU,), dtype=ct.int32)
+    for i in range(ct.where(first, ct.cdiv(pairs, BLOCK_CU), 0)):
+        k = i * BLOCK_CU + ct.arange(BLOCK_CU, dtype=ct.int32)  # [BLOCK_CU]
+        inside = k < pairs
+        start = ct.gather(cu_seqlens, k, mask=inside)
+        end = ct.gather(cu_seqlens, k + 1, mask=inside)
+        wrong = (end < start) | ((k == 0) & (start != 0)) | ((k == pairs - 1) & (end != seqlen))
+        bad = bad | ct.where(inside & wrong, ERROR_CU_SEQLENS, 0)
+    return ct.max(bad)
+
+
 # the kernel objects: int32 or int64 indices (kernels.arrays.needs_int64)
 _chunk_cumsum = ct.kernel(int32_indexed(_chunk_cumsum_kernel))
 _chunk_cumsum_int64 = ct.kernel(_chunk_cumsum_kernel)
@@ -121,7 +144,7 @@ def rules_choice() -> Choice:
 
 
 def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit,
-                        choice: Choice | None = None, *, errors=None, D=None):
+                        choice: Choice | None = None, *, errors=None, D=None, cu_seqlens=None):
     """(kernel, grid, kernel args) of _chunk_cumsum_kernel: the one place its tiles and its kernel
     object (index width) are chosen: `choice` where given (one of CHOICES, else a ValueError),
     else the rules'.
@@ -129,7 +152,8 @@ def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit
     Reads only shapes, so the compile gate derives its signatures from here too. `errors`: the
     call's error word (kernels.errors), a (1,) int32 array; None only in a launch that is
     planned, never run. `D`: ssd_forward's skip weights, (nheads,) or (nheads, headdim), checked
-    here for the forward (compute_out then only makes a bad D's y NaN), or None.
+    here for the forward (compute_out then only makes a bad D's y NaN), or None. `cu_seqlens`:
+    a packed row's int32 offsets, checked here (ssd_varlen reads the verdict), or None.
     """
     if choice is None:
         choice = rules_choice()
@@ -140,9 +164,10 @@ def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit
     block_h = pow2_tile(nheads, hi=choice.block_h)
     lo, hi = dt_limit
     grid = (nchunks, -(-nheads // block_h), batch)
-    args = (dt, A, A if dt_bias is None else dt_bias, A if D is None else D, dt_out, dA_cumsum,
-            errors, chunk_size, block_h, dt_bias is not None, bool(dt_softplus), float(lo),
-            float(hi), D is not None, D is not None and len(D.shape) == 2)
+    args = (dt, A, A if dt_bias is None else dt_bias, A if D is None else D,
+            A if cu_seqlens is None else cu_seqlens, dt_out, dA_cumsum, errors, chunk_size,
+            block_h, dt_bias is not None, bool(dt_softplus), float(lo), float(hi), D is not None,
+            D is not None and len(D.shape) == 2, cu_seqlens is not None)
     kernel = _chunk_cumsum_int64 if needs_int64(*args) else _chunk_cumsum
     return kernel, grid, args
 

@@ -241,11 +241,13 @@ def rules_choice(batch: int, nheads: int, headdim: int, dstate: int, chunk_size:
 
 
 def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_states,
-                            final_states, sm_count, choice: Choice | None = None):
+                            final_states, sm_count, choice: Choice | None = None, *,
+                            mode: str | None = None):
     """[(kernel, grid, kernel args)] of fwd_pass_state, in launch order: the chunks in order, or
     the chunks in parallel then the pass. The one place its tiles, its mode and its kernel
     objects (index width, occupancy) are chosen: `choice` where given (one of CHOICES, else a
-    ValueError), else the rules' (rules_choice).
+    ValueError), else the rules' (rules_choice), in `mode` where given (one of MODES: the rules'
+    tiles in that mode, as ssd_forward's explicit routes take them).
 
     Reads only shapes and the device's SM count, so the compile gate derives its signatures from
     here too. `seg` is the (batch, seqlen) int32 segment ids, or None.
@@ -253,8 +255,12 @@ def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     dstate = int(B.shape[3])
     chunk_size, nchunks = int(dt_out.shape[3]), int(dt_out.shape[2])
+    if mode is not None and (choice is not None or mode not in MODES):
+        raise ValueError(f"mode: one of {MODES} without a choice, got {mode!r}"
+                         f"{'' if choice is None else ' and a choice'}")
     if choice is None:
         choice = rules_choice(batch, nheads, headdim, dstate, chunk_size, sm_count)
+        choice = choice if mode is None else choice._replace(mode=mode)
     elif choice not in CHOICES:
         raise ValueError(f"choice: {choice} is not one of fwd_pass_state's CHOICES")
     block_p, block_n, pn_blocks = _state_slices(headdim, dstate, choice.block_p, choice.block_n)

@@ -21,7 +21,7 @@ from kernels.arrays import GRID_YZ_MAX, backend_of, check_grid
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
-from kernels.ssd_scan import scan_runs, ssd_scan_launch
+from kernels.ssd_scan import SCAN_MAX_DSTATE, scan_fits, scan_runs, ssd_scan_launch
 from kernels.ssd_varlen import ssd_varlen_launches
 
 # On the GPU an even batch that runs the three kernels (not the scan) runs as BATCH_PARTS slices
@@ -41,6 +41,14 @@ SPLIT_MIN_WAVES = 2
 # traffic), float32 else (float16 states would overflow past 65504); DECISIONS.md "Chunk
 # states' dtype".
 STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
+
+# The forward's routes (ssd_forward's `route`; None: the rules choose, forward_launches): the
+# scan, or the chunk states through memory, fwd_pass_state's chunks in order or in parallel
+# (then its state pass), then compute_out. Every route computes the same forward within the
+# same bounds (properties/bounds.py); the rules pick by speed and the device's SM count.
+ROUTES = ("scan", "chunks_in_order", "chunks_parallel")
+# fwd_pass_state's mode on each route of the chunk states
+ROUTE_MODES = {"chunks_in_order": "in_order", "chunks_parallel": "parallel_chunks"}
 
 
 @dataclass(frozen=True)
@@ -132,7 +140,7 @@ _NARROW = ("x", "B", "C", "z", "y")
 def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                 seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf),
                 return_final_states=False, return_varlen_states=False, *, check_values=None,
-                batch_parts=None, state_dtype=None):
+                batch_parts=None, state_dtype=None, route=None):
     """y (batch, seqlen, nheads, headdim), or (y, final_states) with return_final_states;
     arrays of the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the GPU, on the
     current stream). x, B, C, z: float32, bfloat16 or float16, all four alike (read in that
@@ -151,7 +159,9 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     that run the three kernels, for each of two batch slices, the second slice on a side stream
     forked from and joined into the current one (BATCH_PARTS; results bit-identical to the
     whole batch's). `batch_parts` (keyword only): run the batch as that many slices (at most one
-    per element) instead of the rule's count; 1 never splits.
+    per element) instead of the rule's count; 1 never splits. `route` (keyword only): one of
+    ROUTES instead of the rules' ("scan": a dstate of at most SCAN_MAX_DSTATE's tile), for
+    tests and measurements: every route gives y and final_states within the same bounds.
 
     `state_dtype` (keyword only; mamba_ssm's name): the dtype the chunk states are stored in
     between fwd_pass_state and compute_out, float32, or bfloat16 for bfloat16 inputs (float16
@@ -193,11 +203,15 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
                              "final state: pass return_varlen_states=True instead")
         if batch_parts is not None:
             raise ValueError("batch_parts: a packed row (cu_seqlens) is one batch element")
+        if route is not None:
+            raise ValueError("route: a packed row (cu_seqlens) has one route (chunk_cumsum, "
+                             "then ssd_varlen)")
         y, varlen_states = run_varlen_forward(
             x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
             dt_softplus, check_dt_limit(dt_limit), check_values, state_dtype)
         return (y, varlen_states) if return_varlen_states else y
     _check_batch_parts(batch_parts)
+    _check_route(route)
     dt_limit = check_dt_limit(dt_limit)
     given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
     if (torch_op is not None and _is_torch(x) and isinstance(chunk_size, int)
@@ -206,21 +220,22 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
         # run_forward; anything else runs it directly (and is refused there, by name)
         y, final_states = torch_op.ssd_forward(
             run_forward, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-            dt_softplus, dt_limit, check_values, batch_parts, state_dtype_name(state_dtype, x))
+            dt_softplus, dt_limit, check_values, batch_parts, state_dtype_name(state_dtype, x),
+            route)
     else:
         y, final_states = run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
                                       seq_idx, dt_softplus, dt_limit, check_values, batch_parts,
-                                      state_dtype)
+                                      state_dtype, route)
     return (y, final_states) if return_final_states else y
 
 
 def run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                dt_softplus, dt_limit, check_values, batch_parts, state_dtype=None):
+                dt_softplus, dt_limit, check_values, batch_parts, state_dtype=None, route=None):
     """(y, final_states): ssd_forward's work for any array kind, by the launch plan of the call's
     signature (launch_plan: built and checked on the signature's first call, then reused)."""
     given = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
     plan = launch_plan(*given[:5], chunk_size, *given[5:], dt_softplus, dt_limit, batch_parts,
-                       state_dtype)
+                       state_dtype, route=route)
     backend = plan.backend
     with backend.on_device():
         arrays = plan.arrays(given)
@@ -290,18 +305,20 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
 def varlen_launches(arrays: ForwardArrays, cu_seqlens, varlen_states) -> list[tuple]:
     """[(kernel, grid, args)] of a packed row (run_varlen_forward), the one place they are
     chosen, from shapes and dtypes alone (the compile gate and the reach model plan them on
-    stand-ins too): chunk_cumsum (dt_out; it checks A, dt_bias and D), then ssd_varlen (y and
-    varlen_states; arrays.initial_states is one state per sequence, or None)."""
+    stand-ins too): chunk_cumsum (dt_out; it checks A, dt_bias, D and the offsets), then
+    ssd_varlen (y and varlen_states; arrays.initial_states is one state per sequence, or
+    None)."""
     a = arrays
-    return [_cumsum_launch(a),
+    return [_cumsum_launch(a, cu_seqlens),
             *ssd_varlen_launches(a.x, a.B, a.C, a.dt_out, a.A, cu_seqlens, a.initial_states, a.D,
                                  a.z, a.y, varlen_states, errors=a.errors)]
 
 
-def _cumsum_launch(a: ForwardArrays) -> tuple:
-    """The forward's chunk_cumsum launch: dt_out and dA_cumsum; it checks A, dt_bias and D."""
+def _cumsum_launch(a: ForwardArrays, cu_seqlens=None) -> tuple:
+    """The forward's chunk_cumsum launch: dt_out and dA_cumsum; it checks A, dt_bias, D and a
+    packed row's offsets."""
     return chunk_cumsum_launch(a.dt, a.A, a.dt_bias, a.dt_out, a.dA_cumsum, a.dt_softplus,
-                               a.dt_limit, errors=a.errors, D=a.D)
+                               a.dt_limit, errors=a.errors, D=a.D, cu_seqlens=cu_seqlens)
 
 
 def _check_forward_only(*tensors):
@@ -338,6 +355,11 @@ def _check_batch_parts(batch_parts):
         raise ValueError(f"batch_parts: must be a positive int or None, got {batch_parts!r}")
 
 
+def _check_route(route):
+    if route is not None and not (isinstance(route, str) and route in ROUTES):
+        raise ValueError(f"route: must be one of {ROUTES} or None, got {route!r}")
+
+
 # ssd_forward's array arguments in order (x, B, C, z read in their own dtype: _NARROW)
 INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
 # ForwardArrays' inputs in its order (seq_idx as its segment ids) and outputs
@@ -346,11 +368,12 @@ OUTPUTS = ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
 
 
 def _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit,
-             batch_parts):
+             batch_parts, route=None):
     """(backend, Dims, dt_limit): every check of the arguments but the values of A, D and
     dt_bias, in the order ssd_forward documents (a ValueError or TypeError naming the
     argument)."""
     _check_batch_parts(batch_parts)
+    _check_route(route)
     backend = backend_of(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                          initial_states=initial_states, seq_idx=seq_idx)
     dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
@@ -358,6 +381,9 @@ def _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                               float_dtypes=weight_dtypes(x), activation_dtypes=ACTIVATION_DTYPES,
                               check_values=False)
     check_grid(dims.batch, dims.nheads)
+    if route == "scan" and not scan_fits(dims.dstate):
+        raise ValueError(f"route: the scan holds a dstate tile of at most {SCAN_MAX_DSTATE}, got "
+                         f"dstate {dims.dstate}")
     return backend, dims, check_dt_limit(dt_limit)
 
 
@@ -460,12 +486,12 @@ class LaunchPlan:
 
 def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-               batch_parts=None, state_dtype=None) -> LaunchPlan:
+               batch_parts=None, state_dtype=None, *, route=None) -> LaunchPlan:
     """The launch plan of a call with these arguments, checked as ssd_forward checks them (all
     but the values of A, D and dt_bias): the launchers run on stand-ins of its arrays, so the
     plan holds no array and reads no value."""
     backend, dims, dt_limit = _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias,
-                                       initial_states, seq_idx, dt_limit, batch_parts)
+                                       initial_states, seq_idx, dt_limit, batch_parts, route)
     states = state_dtype_name(state_dtype, x) or STATE_DTYPES[dtype_name(x)]
     given = {n: a for n, a in zip(INPUTS, (x, dt, A, B, C, D, z, dt_bias, initial_states,
                                            seq_idx)) if a is not None}
@@ -492,7 +518,7 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
                                       tuple((at, a.name, a.rows) for at, a in enumerate(args)
                                             if isinstance(a, _Slot)))
                         for kernel, grid, args in forward_launches(part.arrays, part.sm_count,
-                                                                   tuned=table))
+                                                                   tuned=table, route=route))
                   for part in forward_parts(arrays, backend.sm_count,
                                             _parts(dims, backend, x, slots, batch_parts,
                                                    states)))
@@ -527,14 +553,14 @@ _PLANS_LOCK = threading.Lock()
 
 def launch_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                 seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
-                batch_parts=None, state_dtype=None) -> LaunchPlan:
+                batch_parts=None, state_dtype=None, *, route=None) -> LaunchPlan:
     """build_plan's plan for these arguments, built once per signature (plan_key) and kept."""
     key = plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                   dt_softplus, dt_limit, batch_parts, state_dtype)
+                   dt_softplus, dt_limit, batch_parts, state_dtype, route=route)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         plan = build_plan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                          dt_softplus, dt_limit, batch_parts, state_dtype)
+                          dt_softplus, dt_limit, batch_parts, state_dtype, route=route)
         if key is not None:
             with _PLANS_LOCK:  # another thread's insert must not break the eviction
                 if len(_PLANS) >= MAX_PLANS:
@@ -544,13 +570,13 @@ def launch_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
 
 
 def plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
-             dt_limit, batch_parts, state_dtype=None) -> tuple | None:
+             dt_limit, batch_parts, state_dtype=None, *, route=None) -> tuple | None:
     """Everything build_plan reads, hashable: each array's type, shape, strides, dtype and
     device (the device fixes the SM count), chunk_size and batch_parts with their types (256 and
     numpy's 256 are told apart: a plan holds for arguments its checks passed), dt_softplus as
     the launchers read it (bool), dt_limit (checked floats), state_dtype (a dtype object by its
-    type and name) and the tuned table's version; None where an array is of no supported type
-    (no plan is kept: build_plan refuses it)."""
+    type and name), the route (checked: a str or None) and the tuned table's version; None where
+    an array is of no supported type (no plan is kept: build_plan refuses it)."""
     arrays = []
     for a in (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx):
         if a is None:
@@ -566,7 +592,7 @@ def plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
     if not (state_dtype is None or isinstance(state_dtype, str)):  # a dtype object, by name
         state_dtype = (type(state_dtype), str(state_dtype))
     return (tuple(arrays), type(chunk_size), chunk_size, bool(dt_softplus), tuple(dt_limit),
-            type(batch_parts), batch_parts, state_dtype, tuning_table.version())
+            type(batch_parts), batch_parts, state_dtype, route, tuning_table.version())
 
 
 def _describer(kind: type):
@@ -584,10 +610,12 @@ def _describer(kind: type):
 _DESCRIBE: dict[type, Any] = {}
 
 
-def forward_plan(arrays: ForwardArrays, sm_count, parts: int) -> list[list[tuple]]:
-    """The launches of one forward as `parts` slices of the batch, by the launchers' rules:
-    [forward_launches of each] (forward_parts)."""
-    return [forward_launches(*part) for part in forward_parts(arrays, sm_count, parts)]
+def forward_plan(arrays: ForwardArrays, sm_count, parts: int, *,
+                 route: str | None = None) -> list[list[tuple]]:
+    """The launches of one forward as `parts` slices of the batch, by the launchers' rules on
+    `route` (None: the rules' route): [forward_launches of each] (forward_parts)."""
+    return [forward_launches(*part, route=route)
+            for part in forward_parts(arrays, sm_count, parts)]
 
 
 def forward_parts(arrays: ForwardArrays, sm_count, parts: int) -> list[ForwardPart]:
@@ -603,16 +631,19 @@ def forward_parts(arrays: ForwardArrays, sm_count, parts: int) -> list[ForwardPa
             for lo, hi in zip(bounds, bounds[1:])]
 
 
-def forward_launches(arrays: ForwardArrays, sm_count, tuned=None) -> list[tuple]:
+def forward_launches(arrays: ForwardArrays, sm_count, tuned=None, *,
+                     route: str | None = None) -> list[tuple]:
     """The launches of one forward, in order: [(kernel, grid, args)].
 
     Reads only shapes and dtypes (and which optional arrays are given) and the device's SM
     count, so the compile gate derives the specializations ssd_forward uses from here, with
     stand-in arrays. `tuned`: compute_out's tuned choices for the device, or None (the rules).
+    `route`: one of ROUTES, or None: the rules' (the scan where kernels.ssd_scan.scan_runs, else
+    the chunk states in fwd_pass_state's rules' mode).
     1. chunk_cumsum: dt_out, dA_cumsum (log2 units), (batch, nheads, nchunks, chunk_size); it
        checks A, dt_bias and D
-    2. where it runs (kernels.ssd_scan.scan_runs), ssd_scan: y and the final state in one pass
-       through the sequence (no chunk_states); else
+    2. on the scan's route, ssd_scan: y and the final state in one pass through the sequence (no
+       chunk_states); else
     2. fwd_pass_state: the state entering every chunk, and the final state (one launch, or two
        when the chunks go in parallel)
     3. compute_out: y (NaN where D is not finite; reported by chunk_cumsum)
@@ -621,13 +652,19 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None) -> list[tuple]
     cumsum = _cumsum_launch(a)
     scan_arrays = (a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z, a.seg,
                    a.y, a.final_states)
-    if scan_runs(a.x, a.B, a.dt_out, scan_arrays, sm_count):
+    if route is None and scan_runs(a.x, a.B, a.dt_out, scan_arrays, sm_count):
+        route = "scan"
+    if route == "scan":
+        if not scan_fits(int(a.B.shape[3]), scan_arrays):
+            raise ValueError("route: the scan indexes in int32 and holds a dstate tile of at "
+                             f"most {SCAN_MAX_DSTATE}: it cannot run this call")
         return [cumsum, ssd_scan_launch(*scan_arrays, sm_count, errors=a.errors,
                                         check_D=False)]
     return [
         cumsum,
         *fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,
-                                 a.chunk_states, a.final_states, sm_count),
+                                 a.chunk_states, a.final_states, sm_count,
+                                 mode=ROUTE_MODES.get(route)),
         compute_out_launch(*a.compute_out_arrays(), sm_count, tuned, errors=a.errors,
                            check_D=False),
     ]

@@ -238,14 +238,18 @@ def rules_choice(x, sm_count) -> Choice:
     return few if few is not None and _rules_programs(x) <= sm_count else RULES_CHOICE
 
 
+def scan_fits(dstate: int, arrays: tuple = ()) -> bool:
+    """Whether the scan can run a call of this dstate whose launch passes `arrays`: a dstate
+    tile of at most SCAN_MAX_DSTATE and int32 indices."""
+    return pow2_tile(dstate, lo=MMA_MIN) <= SCAN_MAX_DSTATE and not needs_int64(*arrays)
+
+
 def scan_runs(x, B, dt_out, arrays: tuple, sm_count) -> bool:
-    """Whether ssd_forward takes the scan for these arrays (x, B, dt_out, and every array the
-    launch would pass): int32 indices, a dstate tile of at most SCAN_MAX_DSTATE, and the rules'
-    grid at SCAN_MIN_WAVES programs per SM or more for x's dtype."""
-    dstate_tile = pow2_tile(int(B.shape[3]), lo=MMA_MIN)
+    """Whether ssd_forward's rules take the scan for these arrays (x, B, dt_out, and every array
+    the launch would pass): where it fits (scan_fits) and the rules' grid has SCAN_MIN_WAVES
+    programs per SM or more for x's dtype."""
     waves = SCAN_MIN_WAVES.get(dtype_name(x), SCAN_MIN_WAVES_OTHERS)
-    return (dstate_tile <= SCAN_MAX_DSTATE and _rules_programs(x) >= waves * sm_count
-            and not needs_int64(*arrays))
+    return scan_fits(int(B.shape[3]), arrays) and _rules_programs(x) >= waves * sm_count
 
 
 def ssd_scan_choices(x, B) -> list[Choice]:

@@ -8,10 +8,12 @@ first token on, not loaded as tiles of the row's grid, and y is scattered back u
 of the sequence's tokens; each block's decay cumsum is taken here, from dt_out and A, so that
 no decay crosses a sequence's start.
 
-Good offsets cover every token once, so y needs no fill before the kernel. Offsets the kernel
-refuses (ERROR_CU_SEQLENS in the call's error word) may leave tokens no sequence covers: the
-second kernel, _ssd_varlen_refused_kernel, then writes NaN to all of y and every state, and
-nothing at all when the word shows no refusal.
+Good offsets cover every token once, so y needs no fill before the kernel. chunk_cumsum, launched
+before it, checks every offset (ERROR_CU_SEQLENS in the call's error word where they do not start
+at 0, decrease or do not end at seqlen); where the word holds it, no program steps through its
+sequence (bad offsets may overlap: two programs would store to the same tokens) and the second
+kernel, _ssd_varlen_refused_kernel, writes NaN to all of y and every state; it writes nothing
+at all when the word shows no refusal.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import cuda.tile as ct
 
 from contract import dtype_name
 from kernels.arrays import (MMA_MIN, checked_D, gate, int32_indexed, mma_operand, mma_product,
-                           needs_int64, or_error, pow2_tile)
+                           needs_int64, pow2_tile)
 from kernels.constants import ERROR_CU_SEQLENS, LOG2E
 
 # tokens per step, at most the chunk: each block's decay cumsum then adds no more terms than
@@ -49,16 +51,12 @@ def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Ind
     i_p = ct.bid(0)
     i_h = ct.bid(1)
     i_s = ct.bid(2)
-    seqlen = x.shape[1]
     i_g = i_h // (x.shape[2] // B.shape[2])  # the group the head reads
     start = ct.gather(cu_seqlens, i_s)  # the sequence's tokens: start ... end - 1
     end = ct.gather(cu_seqlens, i_s + 1)
-    # offsets that do not start at 0, decrease, or end past seqlen (or short of it): the error
-    # word's bit and no step (_ssd_varlen_refused_kernel then NaNs all of y and every state)
-    bad = (end < start) | (start < 0) | (end > seqlen)
-    bad = bad | ((i_s == 0) & (start != 0))
-    bad = bad | ((i_s == cu_seqlens.shape[0] - 2) & (end != seqlen))
-    or_error(errors, ct.where(bad, ERROR_CU_SEQLENS, 0))
+    # offsets chunk_cumsum refused (any of them, not only this sequence's): no step
+    # (_ssd_varlen_refused_kernel then NaNs all of y and every state)
+    bad = (ct.gather(errors, 0) & ERROR_CU_SEQLENS) != 0
     if HAS_INITIAL_STATES:
         S = ct.load(initial_states, (i_s, i_h, i_p, 0), shape=(1, 1, BLOCK_P, DSTATE),
                     padding_mode=ct.PaddingMode.ZERO)
@@ -122,7 +120,7 @@ def _ssd_varlen_refused_kernel(y: ct.IndexedWithInt64, varlen_states: ct.Indexed
                                errors, BLOCK_T: ct.Constant[int], BLOCK_P: ct.Constant[int],
                                DSTATE: ct.Constant[int]):
     """A program per head, after _ssd_varlen_kernel: NaN to all of head bid(0)'s y and states
-    where that kernel refused the call's cu_seqlens (which tokens no sequence covers is not
+    where chunk_cumsum refused the call's cu_seqlens (which tokens no sequence covers is not
     known here); where the offsets are good it loads the error word and stores nothing."""
     i_h = ct.bid(0)
     refused = (ct.gather(errors, 0) & ERROR_CU_SEQLENS) != 0

@@ -34,15 +34,15 @@ def _register(run_forward: Callable):
            chunk_size: int, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
            dt_bias: Optional[torch.Tensor], initial_states: Optional[torch.Tensor],
            seq_idx: Optional[torch.Tensor], dt_softplus: bool, dt_min: float, dt_max: float,
-           check_values: int, batch_parts: int,
-           state_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+           check_values: int, batch_parts: int, state_dtype: str,
+           route: str) -> tuple[torch.Tensor, torch.Tensor]:
         return run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                            dt_softplus, (dt_min, dt_max), _CHECK[check_values],
-                           batch_parts or None, state_dtype or None)
+                           batch_parts or None, state_dtype or None, route or None)
 
     @op.register_fake
     def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
-          dt_min, dt_max, check_values, batch_parts, state_dtype):
+          dt_min, dt_max, check_values, batch_parts, state_dtype, route):
         batch, _, nheads, headdim = x.shape
         return (x.new_empty(x.shape),
                 x.new_empty((batch, nheads, headdim, B.shape[3]), dtype=torch.float32))
@@ -57,16 +57,18 @@ def _register(run_forward: Callable):
 
 def ssd_forward(run_forward: Callable, x, dt, A, B, C, chunk_size, D, z, dt_bias,
                 initial_states, seq_idx, dt_softplus, dt_limit, check_values, batch_parts,
-                state_dtype: Optional[str]):
+                state_dtype: Optional[str], route: Optional[str]):
     """(y, final_states): through the custom op where torch.compile traces the call or autograd
     records it (its backward then refuses), else run_forward itself (the op's dispatch would only
-    add host time to an eager call). `state_dtype`: a dtype name, or None."""
+    add host time to an eager call). `state_dtype`: a dtype name, or None; `route`: one of
+    kernels.ssd_forward.ROUTES, or None."""
     grad = torch.is_grad_enabled() and any(
         a is not None and a.requires_grad for a in (x, dt, A, B, C, D, z, dt_bias, initial_states))
     if not (grad or torch.compiler.is_compiling()):
         return run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                           dt_softplus, dt_limit, check_values, batch_parts, state_dtype)
+                           dt_softplus, dt_limit, check_values, batch_parts, state_dtype, route)
     lo, hi = dt_limit
     return _REGISTERED[0](
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, bool(dt_softplus),
-        float(lo), float(hi), CHECK_CODE[check_values], batch_parts or 0, state_dtype or "")
+        float(lo), float(hi), CHECK_CODE[check_values], batch_parts or 0, state_dtype or "",
+        route or "")

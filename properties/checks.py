@@ -171,17 +171,39 @@ def _outside(dtype):
 def forward(p: Problem, backend: str):
     """(y, final_states) of ssd_forward on the backend, its arrays laid out as p.layout says
     (on the GPU, a problem in bfloat16 runs on torch tensors, every array alike: CuPy has no
-    bfloat16). Every layout is one the kernels read in place: AssertionError where the call's
-    launch plan copies an array."""
+    bfloat16), on p's route and batch slices. Every layout is one the kernels read in place, and
+    the call takes the route and the slices asked: AssertionError where the call's launch plan
+    copies an array or launches another route or count of slices (route_of)."""
     if p.x.dtype == ml_dtypes.bfloat16:
         backend = _narrow_backend(backend)
     arrays = on_backend(p, backend)
-    options = dict(chunk_size=p.chunk_size, dt_softplus=p.dt_softplus, dt_limit=p.dt_limit)
-    copies = launch_plan(**arrays, **options).copies
-    if copies:
-        raise AssertionError(f"ssd_forward copies {copies} of layout {p.layout!r} (every "
+    options = dict(chunk_size=p.chunk_size, dt_softplus=p.dt_softplus, dt_limit=p.dt_limit,
+                   route=p.route, batch_parts=p.batch_parts)
+    plan = launch_plan(**arrays, **options)
+    if plan.copies:
+        raise AssertionError(f"ssd_forward copies {plan.copies} of layout {p.layout!r} (every "
                              f"layout of strategies.LAYOUTS is read in place)\n  {p.describe()}")
+    taken = route_of([[launch.kernel for launch in part] for part in plan.parts])
+    parts = None if p.batch_parts is None else min(p.batch_parts, p.dims.batch)
+    if (p.route or taken[0], parts or taken[1]) != taken:
+        raise AssertionError(f"ssd_forward asked for route {p.route}, {p.batch_parts} batch "
+                             f"slices launches {taken}\n  {p.describe()}")
     return _run(ssd_forward, **arrays, **options, return_final_states=True)
+
+
+def route_of(parts: list[list]) -> tuple[str, int]:
+    """(route, batch slices) of a forward's launches, given as each slice's kernel objects in
+    order: the scan where a slice runs ssd_scan, the chunks in parallel where fwd_pass_state's
+    state pass runs, else in order (kernels.ssd_forward.ROUTES); AssertionError where the slices
+    take different routes."""
+    routes = set()
+    for kernels in parts:
+        names = {kernel._pyfunc.__name__ for kernel in kernels}
+        routes.add("scan" if "_ssd_scan_kernel" in names else "chunks_parallel"
+                   if "_state_pass_kernel" in names else "chunks_in_order")
+    if len(routes) != 1:
+        raise AssertionError(f"a forward's batch slices take different routes: {routes}")
+    return routes.pop(), len(parts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,16 +442,21 @@ def forward_bf16_bound(p: Problem, backend: str) -> dict:
 
 def _keeps_chunk_states(q: Problem, backend: str) -> bool:
     """Whether ssd_forward on q's (bfloat16) arrays, on `backend`, stores chunk states between
-    its kernels (the three-kernel path; the scan keeps its state in registers), by its launch
-    plan's outputs; AssertionError where it stores them in another dtype than the README's
-    default (DEFAULT_STATE_DTYPES: bfloat16)."""
+    its kernels: on q's route where it names one (the chunk states' routes; the scan keeps its
+    state in registers), else by its launch plan's outputs (the rules' route depends on the
+    device); AssertionError where the plan stores them otherwise than that, or in another dtype
+    than the README's default (DEFAULT_STATE_DTYPES: bfloat16)."""
     plan = launch_plan(**on_backend(q, backend), chunk_size=q.chunk_size,
-                       dt_softplus=q.dt_softplus, dt_limit=q.dt_limit)
+                       dt_softplus=q.dt_softplus, dt_limit=q.dt_limit, route=q.route,
+                       batch_parts=q.batch_parts)
     narrow = {name: like_x for name, _, like_x in plan.outputs}.get("chunk_states")
-    if narrow is False:
-        raise AssertionError(f"bfloat16 inputs keep float32 chunk states by default (want "
-                             f"{expected_state_dtype('bfloat16', None)})\n  {q.describe()}")
-    return bool(narrow)
+    stored = narrow is not None if q.route is None else q.route != "scan"
+    if (narrow is not None) != stored or narrow is False:
+        kept = {None: "none", True: "bfloat16", False: "float32"}[narrow]
+        want = expected_state_dtype("bfloat16", None) if stored else "none"
+        raise AssertionError(f"bfloat16 inputs on route {q.route} keep chunk states {kept} "
+                             f"(want {want})\n  {q.describe()}")
+    return stored
 
 
 def forward_fp16_bound(p: Problem, backend: str) -> dict:
@@ -968,24 +995,53 @@ def _named(error: ValueError) -> set[str]:
     return {name for name, start in _NAMES.items() if start in str(error)}
 
 
+# the launchers alone that check values, each with the arguments it checks and the names of
+# its outputs (bad_values' paths beside ssd_forward's "forward" and "packed")
+ALONE_CHECKS = {"chunk_cumsum": (("A", "dt_bias"), ("dt_out", "dA_cumsum")),
+                "ssd_scan": (("D",), ("y", "final_states")), "compute_out": (("D",), ("y",))}
+# the arguments each path of bad_values checks, and the names of its outputs
+PATH_CHECKS = {"forward": (("A", "dt_bias", "D"), ("y", "final_states")),
+               "packed": (("A", "dt_bias", "D", "cu_seqlens"), ("y", "varlen_states")),
+               **ALONE_CHECKS}
+
+
+def _alone(path: str, q: Problem, backend: str, check) -> tuple:
+    """The outputs of launcher `path` (ALONE_CHECKS) alone on q's arrays, check_values=check;
+    the kernels after chunk_cumsum read the float64 references' dt_out, dA_cumsum and chunk
+    states rounded to float32 (_exact_upstream), computed from q's A and dt_bias, which
+    bad_values keeps good on their paths."""
+    if path == "chunk_cumsum":
+        return _call(chunk_cumsum, backend, q.dt, q.A, q.chunk_size, q.dt_bias, q.dt_softplus,
+                     q.dt_limit, check_values=check, laid_out_as=q)
+    dt_out, dA, states = _exact_upstream(q)
+    if path == "ssd_scan":
+        return _call(ssd_scan, backend, q.x, q.B, q.C, dt_out, dA, q.D, q.z, q.initial_states,
+                     q.seq_idx, check_values=check, laid_out_as=q)
+    return (_call(compute_out, backend, q.x, q.B, q.C, dt_out, dA, states, q.D, q.z, q.seq_idx,
+                  check_values=check, laid_out_as=q),)
+
+
 def bad_values(p: Problem, backend: str) -> dict:
-    """ssd_forward with bad values planted (p.params["bad"]: [argument, index, value] each, a
-    head of A or dt_bias, a head or a (head, channel) of D, NaN, +-inf, A >= 0; on a packed row
-    also ["cu_seqlens", kind, None], offsets not starting at 0, or ending past or short of
-    seqlen), on p.params["path"]: "forward" (p as drawn) or "packed" (p's first row cut into
-    sequences at p.params["lengths"], each from its own initial state), under
-    p.params["check_values"]:
+    """A call with bad values planted (p.params["bad"]: [argument, index, value] each, a head of
+    A or dt_bias, a head or a (head, channel) of D, NaN, +-inf, A >= 0; on a packed row also
+    ["cu_seqlens", kind, None], offsets not starting at 0, ending past or short of seqlen, or
+    decreasing), on p.params["path"]: ssd_forward's "forward" (p as drawn) or "packed" (p's first
+    row cut into sequences at p.params["lengths"], each from its own initial state), or a
+    launcher alone that checks values (ALONE_CHECKS: chunk_cumsum A and dt_bias, ssd_scan and
+    compute_out D), under p.params["check_values"]:
     - False (the GPU's default): every output a bad value feeds is NaN (A, dt_bias: the head's
-      y and its final state, or the states of its non-empty sequences; D: the head's or the
-      channel's y alone; cu_seqlens: all of y and every state), every other output is bit for
-      bit the good call's; the pending error names each bad argument and no other; a good call
-      after it gives the good call's outputs and no error.
+      y and its final state, or the states of its non-empty sequences, or chunk_cumsum's
+      outputs of the head; D: the head's or the channel's y alone; cu_seqlens: all of y and
+      every state), every other output is bit for bit the good call's; the pending error names
+      each bad argument and no other; a good call after it gives the good call's outputs and no
+      error.
     - True, or None on the interpreter (checked on the host): a ValueError at once, naming one
       bad argument and no good one, nothing launched, nothing pending."""
     bad = [(name, index if name == "cu_seqlens" else tuple(index), value)
            for name, index, value in p.params["bad"]]
     check_values = p.params["check_values"]
-    packed = p.params["path"] == "packed"
+    path = p.params["path"]
+    packed = path == "packed"
     cu = None
     if packed:
         p, cu = _packed_row(p)
@@ -998,6 +1054,8 @@ def bad_values(p: Problem, backend: str) -> dict:
     q = p.replace(**planted)
 
     def call(problem, offsets, check):
+        if path in ALONE_CHECKS:
+            return _alone(path, problem, backend, check)
         options = dict(D=problem.D, z=problem.z, dt_bias=problem.dt_bias,
                        initial_states=problem.initial_states, dt_softplus=problem.dt_softplus,
                        dt_limit=problem.dt_limit, check_values=check, laid_out_as=problem)
@@ -1024,14 +1082,14 @@ def bad_values(p: Problem, backend: str) -> dict:
         if host_checked:
             raise AssertionError(f"check_values={check_values}: no ValueError for {bad}\n"
                                  f"  {q.describe()}")
-        _check_fed(q, bad, got, good, _fed(bad, got, cu))
+        _check_fed(q, bad, got, good, _fed(bad, got, cu, path), PATH_CHECKS[path][1])
     except AssertionError:
         with contextlib.suppress(ValueError):  # the next example must not be blamed for it
             raise_pending_errors()
         raise
     after = call(p, cu, None)
     raise_pending_errors()  # the good call after it is not blamed
-    for what, a, b in zip(("y", "states"), after, good):
+    for what, a, b in zip(PATH_CHECKS[path][1], after, good):
         check_identical(f"{what} of a good call after", a, b, p)
     return {}
 
@@ -1040,21 +1098,37 @@ def bad_values(p: Problem, backend: str) -> dict:
 
 def _bad_offsets(cu: np.ndarray, kind: str) -> np.ndarray:
     """Offsets `cu` made bad: not starting at 0 ("start"), ending past seqlen ("end_past") or
-    one token short of it ("end_short", where the last sequence has a token to lose)."""
+    one token short of it ("end_short", where the last sequence has a token to lose), or
+    decreasing between the first end and the last start (_decreasing: two sequences overlap)."""
     bad = cu.copy()
     if kind == "start":
         bad[0] = 1
+    elif kind == "decreasing":
+        k = _decreasing(cu)
+        bad[k], bad[k + 1] = cu[k + 1], cu[k]
     else:
         bad[-1] += 1 if kind == "end_past" else -1
     return bad
 
 
-def _fed(bad: list, got: tuple, cu) -> tuple[np.ndarray, np.ndarray]:
-    """(y's, the states') elements the bad values feed: a head's y and its final state or the
-    states of its non-empty sequences (A, dt_bias), a head's or a channel's y (D), everything
-    (cu_seqlens)."""
-    y, states = got
-    fed_y, fed_states = np.zeros(y.shape, bool), np.zeros(states.shape, bool)
+def _decreasing(cu: np.ndarray) -> int | None:
+    """The first k, neither the first nor the last offset's, with cu[k] < cu[k + 1] < the last
+    offset: swapping the two makes the offsets decrease there, and the sequences before and
+    after the swapped pair overlap (where it is None, no swap inside does)."""
+    return next((k for k in range(1, len(cu) - 2) if cu[k] < cu[k + 1]), None)
+
+
+def _fed(bad: list, got: tuple, cu, path: str) -> tuple[np.ndarray, ...]:
+    """The elements of each output of `got` that the bad values feed: of chunk_cumsum's a head's
+    (A, dt_bias); else a head's y and its final state or the states of its non-empty sequences
+    (A, dt_bias), a head's or a channel's y (D), everything (cu_seqlens)."""
+    fed = tuple(np.zeros(a.shape, bool) for a in got)
+    if path == "chunk_cumsum":  # (batch, nheads, nchunks, chunk_size) each
+        for _, index, _ in bad:
+            for where in fed:
+                where[:, index[0]] = True
+        return fed
+    fed_y, fed_states = fed[0], fed[1] if len(fed) > 1 else None
     sequences = slice(None) if cu is None else np.diff(cu) > 0  # a batch row, or a sequence
     for name, index, _ in bad:
         if name == "cu_seqlens":
@@ -1064,13 +1138,13 @@ def _fed(bad: list, got: tuple, cu) -> tuple[np.ndarray, np.ndarray]:
         else:
             fed_y[:, :, index[0]] = True
             fed_states[sequences, index[0]] = True
-    return fed_y, fed_states
+    return fed
 
 
-def _check_fed(q: Problem, bad: list, got: tuple, good: tuple, fed: tuple):
+def _check_fed(q: Problem, bad: list, got: tuple, good: tuple, fed: tuple, names: tuple):
     """bad_values' checks of a call that ran with bad values (q): NaN where they feed, the good
-    call's bits elsewhere, the pending error naming each bad argument."""
-    for what, a, b, where in zip(("y", "states"), got, good, fed):
+    call's bits elsewhere (outputs `names`), the pending error naming each bad argument."""
+    for what, a, b, where in zip(names, got, good, fed, strict=True):
         if not np.isnan(a[where]).all():
             w = tuple(int(i) for i in np.argwhere(where & ~np.isnan(a))[0])
             raise AssertionError(f"bad {bad}: {what}{list(w)}, which a bad value feeds, is "
@@ -1116,24 +1190,26 @@ def _lengths(p: Problem):
 
 @st.composite
 def _bad_value_problems(draw, strategy):
-    """Problems of `strategy` with bad_values' parameters, JSON-able: the path, check_values,
-    a packed row's lengths and seed, and one or two bad values, [argument, index, value] each,
-    among the problem's A, dt_bias and D (a head; of a D per channel, a (head, channel)) and,
-    on a packed row, its offsets (["cu_seqlens", kind, None])."""
+    """Problems of `strategy` with bad_values' parameters, JSON-able: the path (one whose
+    checked arguments the problem has: PATH_CHECKS), check_values, a packed row's lengths and
+    seed, and one bad value or several, [argument, index, value] each, among the problem's A,
+    dt_bias and D that the path checks (a head; of a D per channel, a (head, channel)) and, on
+    a packed row, its offsets (["cu_seqlens", kind, None])."""
     p = draw(strategy)
-    params = {"path": draw(st.sampled_from(("packed", "forward"))),
+    paths = [path for path, (names, _) in PATH_CHECKS.items()
+             if any(n == "cu_seqlens" or getattr(p, n) is not None for n in names)]
+    params = {"path": draw(st.sampled_from(paths)),
               "check_values": draw(st.sampled_from((False, None, True)))}
     offsets = []
     if params["path"] == "packed":
         params.update(lengths=draw(_lengths(p)), seed=draw(_seeds(p)))
-        # not "decreasing": a decrease makes two sequences overlap, whose programs then store
-        # different values to the same tokens of y before _ssd_varlen_refused_kernel makes all
-        # of y NaN, an order-dependent store the interpreter refuses (the kernel checks its own
-        # sequence's offsets only)
         cu = packed_offsets(p.dims.seqlen, params["lengths"])
-        offsets = (["end_short"] if cu[-2] < cu[-1] else []) + ["start", "end_past"]
-    present = [n for n in _BAD if getattr(p, n) is not None] + (["cu_seqlens"] if offsets
-                                                                  else [])
+        offsets = ((["end_short"] if cu[-2] < cu[-1] else [])
+                   + (["decreasing"] if _decreasing(cu) is not None else [])
+                   + ["start", "end_past"])
+    checked = PATH_CHECKS[params["path"]][0]
+    present = [n for n in _BAD if n in checked and getattr(p, n) is not None] + (
+        ["cu_seqlens"] if offsets else [])
 
     def one(name):
         if name == "cu_seqlens":
@@ -1151,7 +1227,9 @@ def _bad_value_problems(draw, strategy):
 def bad_value_examples() -> list[Problem]:
     """bad_values' explicit examples, run before its drawn ones: a per-channel D bad in its
     last channel past chunk_cumsum's first 64-channel block, and packed offsets ending one token
-    short of seqlen and starting past 0 (with a zero A), each on the device's checks."""
+    short of seqlen, starting past 0 (with a zero A), and decreasing (two sequences overlap), and
+    of 300 sequences ending short, past chunk_cumsum's first block of offsets (BLOCK_CU), each
+    on the device's checks."""
     wide = _per_channel_D(problem(spec_of(Dims(1, 40, 2, 80, 1, 8, 16), {})))
     packed = problem(spec_of(Dims(1, 70, 4, 8, 1, 8, 16), dict(D="head", dt_bias=True)))
     row = dict(path="packed", check_values=False, lengths=[0, 20, 5], seed=1)
@@ -1159,7 +1237,11 @@ def bad_value_examples() -> list[Problem]:
                                      bad=[["D", [1, 79], math.inf]])),
             packed.replace(params=dict(row, bad=[["cu_seqlens", "end_short", None]])),
             packed.replace(params=dict(row, bad=[["cu_seqlens", "start", None],
-                                                 ["A", [0], 0.0]]))]
+                                                 ["A", [0], 0.0]])),
+            packed.replace(params=dict(row, lengths=[30, 20],
+                                       bad=[["cu_seqlens", "decreasing", None]])),
+            problem(spec_of(Dims(1, 300, 1, 8, 1, 8, 16), {})).replace(params=dict(
+                row, lengths=[1] * 299, bad=[["cu_seqlens", "end_short", None]]))]
 
 
 def _per_channel_D(p: Problem) -> Problem:

@@ -316,14 +316,46 @@ CATALOGUE = [
            "bad = ct.where((a_h < 0.0) & (a_h > -math.inf)",
            "bad = ct.where((a_h <= 0.0) & (a_h > -math.inf)",
            "A = 0 passes the device's check: no decay, finite outputs, no error"),
-    Mutant("varlen_start_check_dropped", "kernels/ssd_varlen.py",
-           "    bad = bad | ((i_s == 0) & (start != 0))\n", "",
+    # the same checks through the launchers alone (chunk_cumsum, ssd_scan, compute_out)
+    Mutant("scan_alone_D_unreported", "kernels/ssd_scan.py",
+           "D is not None and check_D, initial_states is not None",
+           "False, initial_states is not None",
+           "ssd_scan alone makes a bad D's y NaN but reports nothing: no error names D"),
+    Mutant("compute_out_alone_D_unreported", "kernels/compute_out.py",
+           "               D is not None and check_D)", "               False)",
+           "compute_out alone makes a bad D's y NaN but reports nothing: no error names D"),
+    Mutant("chunk_cumsum_alone_host_check_skips_dt_bias", "kernels/chunk_cumsum.py",
+           "check_vector_values(A, dt_bias=dt_bias)", "check_vector_values(A)",
+           "chunk_cumsum alone checks A on the host but not dt_bias: a bad dt_bias is found on "
+           "the device only, where the caller asked for an error at once"),
+    Mutant("compute_out_alone_host_check_dropped", "kernels/compute_out.py",
+           "    if check_on_host(check_values, backend) and D is not None:\n"
+           "        check_vector_values(D=D)\n    word = open_word(backend, \"compute_out\")",
+           "    word = open_word(backend, \"compute_out\")",
+           "compute_out alone never checks D on the host: check_values=True raises nothing"),
+    Mutant("varlen_start_check_dropped", "kernels/chunk_cumsum.py",
+           "wrong = (end < start) | ((k == 0) & (start != 0)) | ",
+           "wrong = (end < start) | ",
            "packed offsets that do not start at 0 pass: the tokens before the first offset keep "
            "whatever y held, and no error names cu_seqlens"),
-    Mutant("varlen_end_check_dropped", "kernels/ssd_varlen.py",
-           "    bad = bad | ((i_s == cu_seqlens.shape[0] - 2) & (end != seqlen))\n", "",
+    Mutant("varlen_end_check_dropped", "kernels/chunk_cumsum.py",
+           " | ((k == pairs - 1) & (end != seqlen))", "",
            "packed offsets that end short of seqlen pass: the tokens after the last offset "
            "keep whatever y held, and no error names cu_seqlens"),
+    Mutant("varlen_decrease_unchecked", "kernels/chunk_cumsum.py",
+           "wrong = (end < start) | ", "wrong = ",
+           "packed offsets that decrease pass: two sequences overlap, and their programs store "
+           "to the same tokens of y"),
+    Mutant("varlen_offsets_checked_by_the_first_block_only", "kernels/chunk_cumsum.py",
+           "for i in range(ct.where(first, ct.cdiv(pairs, BLOCK_CU), 0)):",
+           "for i in range(ct.where(first, 1, 0)):",
+           "chunk_cumsum checks the first 256 packed offsets only: a bad offset past them "
+           "passes"),
+    Mutant("varlen_steps_through_refused_offsets", "kernels/ssd_varlen.py",
+           "bad = (ct.gather(errors, 0) & ERROR_CU_SEQLENS) != 0\n    if HAS_INITIAL_STATES",
+           "bad = (ct.gather(errors, 0) & ERROR_CU_SEQLENS) < 0\n    if HAS_INITIAL_STATES",
+           "ssd_varlen steps through every sequence whatever chunk_cumsum found: overlapping "
+           "sequences store to the same tokens of y"),
     Mutant("D_inf_kept", "kernels/arrays.py",
            "return ct.where(ct.abs(skip) < math.inf, skip, math.nan)",
            "return skip",
@@ -356,9 +388,40 @@ CATALOGUE = [
            "chunk_size, bool(dt_softplus),", "chunk_size,",
            "dt_softplus on takes the plan of dt_softplus off"),
     Mutant("plan_key_blind_to_state_dtype", "kernels/ssd_forward.py",
-           "type(batch_parts), batch_parts, state_dtype, tuning_table.version())",
-           "type(batch_parts), batch_parts, tuning_table.version())",
+           "type(batch_parts), batch_parts, state_dtype, route,",
+           "type(batch_parts), batch_parts, route,",
            "a call takes the plan, and so the chunk states' dtype, of another state_dtype"),
+    Mutant("plan_key_blind_to_route", "kernels/ssd_forward.py",
+           "type(batch_parts), batch_parts, state_dtype, route,",
+           "type(batch_parts), batch_parts, state_dtype,",
+           "a call takes the plan, and so the route, of a call that asked for another route"),
+    # the forward's routes (kernels.ssd_forward.forward_launches): a route asked for and not
+    # taken, and what only the chunk states' routes or the batch slices pass between kernels
+    Mutant("route_ignored_where_scan_runs", "kernels/ssd_forward.py",
+           "if route is None and scan_runs(", "if scan_runs(",
+           "the scan runs wherever the rules would take it, whatever route the call asked for"),
+    Mutant("parallel_route_runs_in_order", "kernels/ssd_forward.py",
+           'ROUTE_MODES = {"chunks_in_order": "in_order", "chunks_parallel": "parallel_chunks"}',
+           'ROUTE_MODES = {"chunks_in_order": "in_order", "chunks_parallel": "in_order"}',
+           "the chunks-in-parallel route runs fwd_pass_state's chunks in order: the state pass "
+           "and its kernel never run through ssd_forward"),
+    Mutant("chunk_route_drops_initial_states", "kernels/ssd_forward.py",
+           "*fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,",
+           "*fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, None, a.seg,",
+           "the chunk states' routes start every sequence from zero: the initial state reaches "
+           "the scan only"),
+    Mutant("chunk_route_drops_seq_idx", "kernels/ssd_forward.py",
+           "return (self.x, self.B, self.C, self.dt_out, self.dA_cumsum, self.chunk_states, "
+           "self.D,\n                self.z, self.seg, self.y)",
+           "return (self.x, self.B, self.C, self.dt_out, self.dA_cumsum, self.chunk_states, "
+           "self.D,\n                self.z, None, self.y)",
+           "compute_out runs without seq_idx on the chunk states' routes: a token sees the "
+           "earlier segments of its chunk"),
+    Mutant("batch_slice_keeps_whole_seg", "kernels/ssd_forward.py",
+           'BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "seg", "dt_out",',
+           'BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "dt_out",',
+           "a batch slice reads the whole batch's segment ids: the second slice takes the first "
+           "rows' seq_idx"),
     Mutant("plan_key_blind_to_dt_limit", "kernels/ssd_forward.py",
            "tuple(dt_limit),\n", "\n",
            "a call takes the plan, and so the clamp, of another dt_limit"),

@@ -10,8 +10,8 @@ properties lay them out: strategies.LAYOUTS), and the dtype of each weight (dt, 
 initial_states). The classes reachable at a profile's caps (`reachable`) come from running the
 launchers on stand-in arrays (a shape, a dtype and strides, no data) over the sizes, layouts
 and weights the strategies can draw (`strategies.drawable`), each launch the properties make:
-the forward by the rules in float32, bfloat16 and float16, fwd_pass_state in each mode at the
-rules' and at small tiles, compute_out and ssd_scan in each of their choices, each kernel alone
+the forward by the rules and on each of its routes (and in two batch slices) in float32,
+bfloat16 and float16, fwd_pass_state in each mode at the rules' and at small tiles, compute_out and ssd_scan in each of their choices, each kernel alone
 in bfloat16. `cover` picks a few problems that launch every such class: the property tests run
 them as explicit examples, so the check rests on no drawn example's luck. Classes that need
 sizes beyond the caps (`beyond_caps`: arrays of 2^31 elements or more, the int64-indexed
@@ -42,13 +42,13 @@ from kernels.arrays import Backend, index_dtype, needs_int64
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, compute_out_choices, compute_out_launch
 from kernels.fwd_pass_state import MODES, fwd_pass_state_launches
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
-from kernels.ssd_forward import ForwardArrays, forward_plan, varlen_launches
+from kernels.ssd_forward import ROUTES, ForwardArrays, forward_plan, varlen_launches
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices, ssd_scan_launch
-from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices
+from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices, route_of
 from properties.profiles import Caps
-from properties.strategies import LAID_OUT, LAYOUTS, drawable, layout_strides
+from properties.strategies import LAID_OUT, LAYOUTS, drawable, forward_routes, layout_strides
 
 # Where the classes that no size within the caps reaches are tested.
 BEYOND_CAPS_COVERED_BY = {
@@ -212,6 +212,27 @@ def classes(kernel, grid, args) -> set[str]:
     return found
 
 
+def forward_classes(parts: list[list[tuple]]) -> set[str]:
+    """The classes of one forward call's launches, by batch slice (Backend.launch_parts' lists
+    of (kernel, grid, args)): its route with its activations' dtype, and its count of batch
+    slices (properties.checks.route_of)."""
+    route, count = route_of([[kernel for kernel, _, _ in part] for part in parts])
+    kernel, _, args = parts[0][-1]  # the scan or compute_out: they take x
+    x = _params(kernel, args)["x"]
+    return {f"ssd_forward: route = {route}, x = {dtype_name(x)}",
+            f"ssd_forward: batch parts = {_count(count)}"}
+
+
+def _slices(launches: list) -> list[list[tuple]]:
+    """A forward's launches, flat, as its batch slices: each starts with its chunk_cumsum."""
+    parts: list[list[tuple]] = []
+    for launch in launches:
+        if launch[0]._pyfunc.__name__ == "_chunk_cumsum_kernel":
+            parts.append([])
+        parts[-1].append(launch)
+    return parts
+
+
 # --------------------------------------------------------------------------------------------
 # The classes reachable at a profile's caps: the launchers on stand-ins
 
@@ -301,9 +322,11 @@ def _own_launches(kind: str, d: Dims, opts: dict, sm_count: int, params) -> list
                 found += varlen_launches(dataclasses.replace(a, initial_states=states),
                                          _Stand((3,), "int32"), states)
         return found
-    if kind in FORWARD_KINDS:
+    if kind in FORWARD_KINDS:  # on opts' route and batch slices (the rules' where absent)
         a = _arrays(d, opts, FORWARD_KINDS[kind])
-        return [launch for part in forward_plan(a, sm_count, 1) for launch in part]
+        parts = min(opts.get("batch_parts") or 1, d.batch)
+        return [launch for part in forward_plan(a, sm_count, parts, route=opts.get("route"))
+                for launch in part]
     a = _arrays(d, opts)
     if kind == "fwd_pass_state_alone":
         rules = fwd_pass_state_rules(d.batch, d.nheads, d.headdim, d.dstate, d.chunk_size,
@@ -417,24 +440,39 @@ def _candidates(c: Caps, sm_count: int) -> tuple:
         if not drawable(d, c) or (opts.get("seq_idx") and d.seqlen < 2):
             continue
         for kind in KINDS:
-            narrow = _classes_of(kind, _narrow_launches(kind, d, opts, sm_count))
+            narrow = _classes_of(kind, _narrow_launches(kind, d, opts, sm_count), opts)
             for params in KIND_PARAMS.get(kind, (None,)):
-                launched = narrow | _classes_of(kind, _own_launches(kind, d, opts, sm_count,
-                                                                    params))
-                found.append(((kind, d, tuple(sorted(opts.items())), params), launched))
+                for routed in _routed(kind, d, opts):
+                    launched = narrow | _classes_of(kind, _own_launches(
+                        kind, d, routed, sm_count, params), routed)
+                    found.append(((kind, d, tuple(sorted(routed.items())), params), launched))
     return tuple(found)
+
+
+def _routed(kind: str, d: Dims, opts: dict) -> list[dict]:
+    """opts, and for the forward's kinds opts on each of its routes that d's dstate allows
+    (strategies.forward_routes) and on the chunks in parallel in two batch slices
+    (ROUTED_SLICES): the route and slices a problem draws (Problem.route, batch_parts)."""
+    if kind not in FORWARD_KINDS:
+        return [opts]
+    routes = [r for r in forward_routes(d.dstate) if r is not None]
+    return [opts, *(dict(opts, route=r) for r in routes), dict(opts, **ROUTED_SLICES)]
 
 
 def kind_classes(kind: str, d: Dims, opts: dict, sm_count: int, params=None) -> frozenset[str]:
     """The classes a property kind's launches on a problem count for (_classes_of)."""
-    return _classes_of(kind, kind_launches(kind, d, opts, sm_count, params))
+    return _classes_of(kind, kind_launches(kind, d, opts, sm_count, params), opts)
 
 
-def _classes_of(kind: str, launches: list) -> frozenset[str]:
-    """The classes of a kind's launches, but the scan's where the forward runs it (SCAN_KERNELS)."""
-    return frozenset().union(*(classes(*launch) for launch in launches
-                               if kind not in FORWARD_KINDS
-                               or launch[0]._pyfunc.__name__ not in SCAN_KERNELS))
+def _classes_of(kind: str, launches: list, opts: dict) -> frozenset[str]:
+    """The classes of a kind's launches, but the scan's where the forward runs it by the rules
+    (SCAN_KERNELS); a forward on a route opts name counts for its route's classes too
+    (forward_classes)."""
+    routed = kind in FORWARD_KINDS and opts.get("route") is not None
+    found = frozenset().union(*(classes(*launch) for launch in launches
+                                if kind not in FORWARD_KINDS or routed
+                                or launch[0]._pyfunc.__name__ not in SCAN_KERNELS))
+    return found | forward_classes(_slices(launches)) if routed else found
 
 
 @functools.lru_cache
@@ -498,11 +536,13 @@ def _stored(what: str, c: Caps, sm_count: int, compute):
     return value
 
 
-# Whether the forward runs the scan depends on the SM count (a GPU's small grids run the two
-# kernels), so the cover, derived for one SM count and run on every backend, takes the scan's
-# classes from ssd_scan_alone alone (not from FORWARD_KINDS), which launches the scan at every
-# SM count
+# Whether the forward runs the scan by the rules depends on the SM count (a GPU's small grids run
+# the two kernels), so the cover, derived for one SM count and run on every backend, takes the
+# scan's classes from ssd_scan_alone and the forward's explicit routes alone (not from
+# FORWARD_KINDS by the rules), which launch the scan at every SM count
 SCAN_KERNELS = ("_ssd_scan_kernel",)
+# the route of the forward's kinds in two batch slices (_routed): the one with the most kernels
+ROUTED_SLICES = dict(route=ROUTES[2], batch_parts=2)
 
 # the occupancy hint and token block a compute_out_alone example may draw, the occupancy hint an
 # ssd_scan_alone example may draw
@@ -536,19 +576,25 @@ class Record:
 
     @contextlib.contextmanager
     def recording(self, prop: str):
-        """Within the block, each launch through Backend.launch is recorded for `prop`."""
-        launch = Backend.launch
+        """Within the block, each launch through Backend.launch is recorded for `prop`, and each
+        forward's route and batch slices through Backend.launch_parts (forward_classes)."""
+        launch, launch_parts = Backend.launch, Backend.launch_parts
 
         def recorded(backend, kernel, grid, args, stream=None):
             self.sm_counts.add(int(backend.sm_count))
             for c in classes(kernel, grid, args):
                 self.launched[c][prop] += 1
             return launch(backend, kernel, grid, args, stream)
-        Backend.launch = recorded
+
+        def recorded_parts(backend, parts, stream=None):
+            for c in forward_classes(parts):
+                self.launched[c][prop] += 1
+            return launch_parts(backend, parts, stream)
+        Backend.launch, Backend.launch_parts = recorded, recorded_parts
         try:
             yield
         finally:
-            Backend.launch = launch
+            Backend.launch, Backend.launch_parts = launch, launch_parts
 
     def properties(self) -> set[str]:
         return {prop for counts in self.launched.values() for prop in counts}

@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 import reference as R
 from contract import Dims
 from kernels.compute_out import RULES_BLOCK_T
+from kernels.ssd_forward import ROUTES
+from kernels.ssd_scan import scan_fits
 from properties.profiles import Caps, caps
 from properties.profiles import buckets as profile_buckets
 
@@ -57,6 +59,17 @@ LAID_OUT = {"contiguous": (), "projection": ("z", "x", "B", "C", "dt"),
 # Problem.narrow_A (mamba_ssm's layer keeps A in float32).
 WEIGHTS = ("float32", "activation")
 WEIGHT_ARRAYS = ("dt", "dt_bias", "D", "initial_states")
+# The forward's route where the properties call ssd_forward (Problem.route): the rules' (None:
+# on the interpreter the scan wherever it fits) or each of kernels.ssd_forward.ROUTES that the
+# problem's dstate allows (forward_routes); and its batch slices (Problem.batch_parts): the
+# rules' count (None: one on the interpreter) or two, as a GPU runs a large even batch.
+BATCH_PARTS_DRAWN = (None, 2)
+
+
+def forward_routes(dstate: int) -> tuple[str | None, ...]:
+    """The routes a forward of this dstate can take (None: the rules'), within the caps (int32
+    indices): the scan where its dstate tile fits."""
+    return (None, *(r for r in ROUTES if r != "scan" or scan_fits(dstate)))
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,8 @@ class Spec:
     layout: str = "contiguous"  # one of LAYOUTS
     weights: str = "float32"  # one of WEIGHTS
     narrow_A: bool = False
+    route: str | None = None  # one of forward_routes(dstate)
+    batch_parts: int | None = None  # one of BATCH_PARTS_DRAWN
 
     @property
     def dims(self) -> Dims:
@@ -96,8 +111,10 @@ class Spec:
 class Problem:
     """The arguments of one forward: float32 arrays (C-contiguous), int32 seq_idx, the options;
     the layout the properties pass the arrays in (`layout`, one of LAYOUTS) and the dtype of the
-    weights where they run 16-bit activations (`weights`, `narrow_A`: WEIGHTS); plus the
-    property's own parameters (`params`, JSON-able) and where it came from (`spec`)."""
+    weights where they run 16-bit activations (`weights`, `narrow_A`: WEIGHTS); the route and
+    batch slices the properties ask of ssd_forward (`route`, `batch_parts`: forward_routes,
+    BATCH_PARTS_DRAWN); plus the property's own parameters (`params`, JSON-able) and where it
+    came from (`spec`)."""
 
     x: np.ndarray
     dt: np.ndarray
@@ -117,6 +134,8 @@ class Problem:
     layout: str = "contiguous"
     weights: str = "float32"
     narrow_A: bool = False
+    route: str | None = None
+    batch_parts: int | None = None
 
     ARRAYS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
 
@@ -144,7 +163,8 @@ class Problem:
         return (f"batch={d.batch} seqlen={d.seqlen} nheads={d.nheads} ngroups={d.ngroups} "
                 f"headdim={d.headdim} dstate={d.dstate} chunk_size={d.chunk_size} "
                 f"dt_limit={self.dt_limit} options={opts} layout={self.layout} "
-                f"weights={weights} params={self.params}")
+                f"weights={weights} route={self.route} batch_parts={self.batch_parts} "
+                f"params={self.params}")
 
     def save(self, path, prop: str):
         """A self-contained reproducer: every array, the options, the layout and weights, the
@@ -152,7 +172,8 @@ class Problem:
         arrays = {k: getattr(self, k) for k in self.ARRAYS if getattr(self, k) is not None}
         meta = dict(property=prop, chunk_size=self.chunk_size, dt_softplus=self.dt_softplus,
                     dt_limit=list(self.dt_limit), params=self.params, spec=self.spec,
-                    layout=self.layout, weights=self.weights, narrow_A=self.narrow_A)
+                    layout=self.layout, weights=self.weights, narrow_A=self.narrow_A,
+                    route=self.route, batch_parts=self.batch_parts)
         np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
 
     @classmethod
@@ -161,12 +182,14 @@ class Problem:
         with np.load(path, allow_pickle=False) as f:
             meta = json.loads(str(f["meta"]))
             arrays = {k: f[k] for k in cls.ARRAYS if k in f}
-        # a reproducer stored before layouts and weights were drawn: contiguous, float32
+        # a reproducer stored before layouts, weights and routes were drawn: contiguous, float32,
+        # the rules' route
         problem = cls(chunk_size=int(meta["chunk_size"]), dt_softplus=bool(meta["dt_softplus"]),
                       dt_limit=tuple(float(v) for v in meta["dt_limit"]), params=meta["params"],
                       spec=meta["spec"], layout=meta.get("layout", "contiguous"),
                       weights=meta.get("weights", "float32"),
-                      narrow_A=bool(meta.get("narrow_A", False)), **arrays)
+                      narrow_A=bool(meta.get("narrow_A", False)), route=meta.get("route"),
+                      batch_parts=meta.get("batch_parts"), **arrays)
         return meta["property"], problem
 
 
@@ -255,6 +278,9 @@ class Bucket:
     layout: str = "contiguous"
     weights: str = "float32"
     narrow_A: bool = False
+    # the route and the batch slices decide the launches
+    route: str | None = None
+    batch_parts: int | None = None
 
 
 @st.composite
@@ -299,10 +325,13 @@ def _buckets(draw, c: Caps, segments: bool | None, gate: bool | None,
     layout = draw(st.sampled_from(LAYOUTS))
     weights = draw(st.sampled_from(WEIGHTS))
     narrow_A = draw(st.booleans())
+    route = draw(st.sampled_from(forward_routes(dstate)))
+    batch_parts = draw(st.sampled_from(BATCH_PARTS_DRAWN))
     return Bucket(batch=batch, nheads=nheads, ngroups=ngroups, headdim=headdim, dstate=dstate,
                   chunk_size=chunk_size, D=D, z=z, dt_mode=dt_mode, dt_bias=dt_bias,
                   dt_limit=dt_limit, initial_states=initial, seq_idx=seq_idx, wide=wide,
-                  layout=layout, weights=weights, narrow_A=narrow_A)
+                  layout=layout, weights=weights, narrow_A=narrow_A, route=route,
+                  batch_parts=batch_parts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -391,7 +420,8 @@ def _specs(draw, c: Caps, bucket, ragged, extreme, min_seqlen, carried):
         dstate=b.dstate, chunk_size=b.chunk_size, D=b.D, z=b.z, dt_mode=b.dt_mode,
         dt_bias=b.dt_bias, dt_limit=b.dt_limit, initial_states=b.initial_states,
         segments=n_segments, decay=decay, decay_spread=decay_spread, scales=scales,
-        tails=tails, seed=seed, layout=b.layout, weights=b.weights, narrow_A=b.narrow_A)
+        tails=tails, seed=seed, layout=b.layout, weights=b.weights, narrow_A=b.narrow_A,
+        route=b.route, batch_parts=b.batch_parts)
 
 
 def _f32(a) -> np.ndarray:
@@ -466,7 +496,8 @@ def problem(spec: Spec) -> Problem:
     return Problem(x=x, dt=dt, A=A, B=B, C=C, chunk_size=spec.chunk_size, D=D, z=z,
                    dt_bias=dt_bias, initial_states=init, seq_idx=seq_idx, dt_softplus=softplus,
                    dt_limit=spec.dt_limit, spec=repr(spec), layout=spec.layout,
-                   weights=spec.weights, narrow_A=spec.narrow_A)
+                   weights=spec.weights, narrow_A=spec.narrow_A, route=spec.route,
+                   batch_parts=spec.batch_parts)
 
 
 def projection_columns(d: Dims) -> dict[str, tuple[int, int]]:
@@ -509,7 +540,8 @@ def _c_strides(shape) -> tuple[int, ...]:
 
 def spec_of(d: Dims, options: dict, seed: int = 0) -> Spec:
     """The Spec of a problem of these dimensions and options (as the reach model names them:
-    D, z, dt_bias, softplus, dt_limit, initial_states, seq_idx, layout, weights, narrow_A),
+    D, z, dt_bias, softplus, dt_limit, initial_states, seq_idx, layout, weights, narrow_A, route,
+    batch_parts),
     moderate decays and values."""
     return Spec(batch=d.batch, seqlen=d.seqlen, nheads=d.nheads, ngroups=d.ngroups,
                 headdim=d.headdim, dstate=d.dstate, chunk_size=d.chunk_size,
@@ -522,7 +554,8 @@ def spec_of(d: Dims, options: dict, seed: int = 0) -> Spec:
                 decay_spread=1.0, scales=(0.0, 0.0, 0.0), tails=1.0, seed=seed,
                 layout=options.get("layout", "contiguous"),
                 weights=options.get("weights", "float32"),
-                narrow_A=bool(options.get("narrow_A")))
+                narrow_A=bool(options.get("narrow_A")), route=options.get("route"),
+                batch_parts=options.get("batch_parts"))
 
 
 def problems(**kwargs):
@@ -557,6 +590,7 @@ class Signature:
     weights: str = "float32"  # dt, dt_bias, D, initial_states: 'float32' or 'activation' (x's)
     narrow_A: bool = False  # A in x's dtype (16-bit activations)
     seq_idx_dtype: str = "int32"  # or 'int64'
+    route: str | None = None  # one of forward_routes(dims.dstate)
 
     def arguments(self, xp=np) -> dict:
         """ssd_forward's keyword arguments of this signature, as arrays of module `xp` (values
@@ -590,7 +624,7 @@ class Signature:
             seq_idx=(place(np.ascontiguousarray(segments[:, :d.seqlen], self.seq_idx_dtype))
                      if self.seq_idx else None),
             dt_softplus=self.dt_softplus, dt_limit=self.dt_limit, batch_parts=self.batch_parts,
-            state_dtype=self.states)
+            state_dtype=self.states, route=self.route)
 
 
 def to_backend(a, backend: str):
@@ -632,7 +666,8 @@ def _signature(draw) -> Signature:
                      frozenset(draw(st.lists(st.sampled_from(STRIDABLE), max_size=1))),
                      draw(st.sampled_from(WEIGHTS)) if narrow else "float32",
                      draw(st.booleans()) if narrow else False,
-                     draw(st.sampled_from(SEQ_IDX_DTYPES)))
+                     draw(st.sampled_from(SEQ_IDX_DTYPES)),
+                     draw(st.sampled_from(forward_routes(dims.dstate))))
 
 
 CHUNK_SIZES = (16, 32, 64, 128, 256)
@@ -674,6 +709,7 @@ MUTATION_CHANGES = {
     "strided": {(n, "strides") for n in STRIDABLE},
     "backwards": {(n, "strides") for n in STRIDABLE},
     "states": {("state_dtype", "value")},
+    "route": {("route", "value")},
 }
 
 
@@ -696,7 +732,9 @@ def _mutations(s: Signature) -> dict:
                              st.integers(1, 80).filter(lambda v: v != d.headdim)),
         "ngroups": st.builds(lambda v: dims(ngroups=v), st.sampled_from(groups)) if groups
         else None,
-        "dstate": st.builds(lambda v: dims(dstate=v), DSTATES.filter(lambda v: v != d.dstate)),
+        # a dstate the signature's route runs (the scan's tile fits)
+        "dstate": st.builds(lambda v: dims(dstate=v), DSTATES.filter(
+            lambda v: v != d.dstate and s.route in forward_routes(v))),
         "chunk_size": st.builds(lambda v: dims(chunk_size=v), _other(CHUNK_SIZES, d.chunk_size)),
         # a 16-bit dtype goes to the other 16-bit one as often as to float32 (equal item sizes
         # must not share a plan)
@@ -720,6 +758,7 @@ def _mutations(s: Signature) -> dict:
         "backwards": st.builds(lambda name: replace(backwards=s.backwards ^ {name}),
                                st.sampled_from(STRIDABLE)),
         "states": st.builds(lambda v: replace(states=v), _other(STATES, s.states)),
+        "route": st.builds(lambda v: replace(route=v), _other(forward_routes(d.dstate), s.route)),
     }
     return {name: strategy for name, strategy in changes.items() if strategy is not None}
 

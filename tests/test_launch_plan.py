@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 
 from kernels import tuning_table
 from contract import Dims
-from properties.checks import expected_state_dtype
+from properties.checks import expected_state_dtype, route_of
 from properties.strategies import Signature, signatures
 
 forward = importlib.import_module("kernels.ssd_forward")
@@ -53,6 +53,9 @@ def test_a_cached_plan_equals_a_fresh_one(drawn, backend, no_plans):
         narrow_states = {name: like_x for name, _, like_x in cached.outputs}.get("chunk_states")
         expected = expected_state_dtype(signature.dtype, signature.states)
         assert narrow_states in (None, expected != "float32"), (signature, expected)
+        # the route asked for, where one is
+        route, _ = route_of([[launch.kernel for launch in part] for part in cached.parts])
+        assert signature.route in (None, route), (signature, route)
 
 
 def test_the_drawn_changes_cover_every_parameter_of_build_plan_in_every_aspect():

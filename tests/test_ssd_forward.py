@@ -2,6 +2,7 @@
 types, streams, non-contiguous inputs, batch slices on concurrent streams; a sequence of 2^20
 tokens on the GPU."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -206,6 +207,27 @@ def test_batch_parts_must_be_a_positive_int(parts):
     kw = make_inputs(SLICED)
     with pytest.raises(ValueError, match="^batch_parts: must be a positive int"):
         ssd_forward(**kw, batch_parts=parts)
+
+
+@pytest.mark.parametrize("route", ["Scan", "chunks", 1, ("scan",)])
+def test_route_must_be_one_of_the_routes(route):
+    kw = make_inputs(SLICED)
+    with pytest.raises(ValueError, match="^route: must be one of"):
+        ssd_forward(**kw, route=route)
+
+
+def test_a_route_the_call_cannot_take_is_refused_by_name():
+    """The scan holds a dstate tile of at most 128 (SCAN_MAX_DSTATE); a packed row has one
+    route: both refused before any launch, naming route."""
+    kw = make_inputs(SLICED)
+    wide = make_inputs(dataclasses.replace(SLICED, dstate=200))
+    with pytest.raises(ValueError, match="^route: the scan holds a dstate tile of at most 128"):
+        ssd_forward(**wide, route="scan")
+    ssd_forward(**wide, route="chunks_parallel")  # the chunk states' routes take any dstate
+    row = {**kw, **{n: kw[n][:1] for n in ("x", "dt", "B", "C")}}
+    cu = np.array([0, 3, int(row["x"].shape[1])], np.int32)
+    with pytest.raises(ValueError, match="^route: a packed row"):
+        ssd_forward(**row, cu_seqlens=cu, route="scan")
 
 
 def test_batch_slices_choose_as_the_whole_batch():
