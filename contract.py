@@ -156,7 +156,8 @@ def _shape(name, a, rank):
         raise TypeError(f"{name} must be an array, got {type(a).__name__}")
     shape = tuple(int(s) for s in a.shape)
     if len(shape) != rank:
-        raise ValueError(f"{name} must have {rank} dimensions {SHAPES.get(name, '')}, got shape {shape}")
+        raise ValueError(f"{name} must have {rank} dimensions {SHAPES.get(name, '')}, got shape "
+                         f"{shape}")
     return shape
 
 

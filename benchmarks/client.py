@@ -123,7 +123,7 @@ def run_row(name: str, dtype: str, reps: int) -> dict:
                 times[f"layer {who}"] = gpu_ms(lambda: layer(u), reps)
             finally:
                 module.mamba_chunk_scan_combined = theirs
-            times[f"scan {who}"] = gpu_ms(lambda: scan(**call), reps)
+            times[f"scan {who}"] = gpu_ms(lambda scan=scan: scan(**call), reps)
             if who == "mamba_ssm":
                 reference_out = out
         layer_diff = float((out.float() - reference_out.float()).abs().max()

@@ -168,7 +168,8 @@ def main(argv=None) -> int:
         parser.error(f"--rows: unknown rows {unknown}; known: {', '.join(ANCHORS)}")
     print("| row | dtype | cuTile ms | mamba_ssm ms | fla ms |\n|---|---|---|---|---|")
     for name in rows:
-        times = {impl: gpu_ms(call, args.reps) for impl, call in row_calls(name, args.dtype).items()}
+        times = {impl: gpu_ms(call, args.reps)
+                 for impl, call in row_calls(name, args.dtype).items()}
         cells = [f"{times[i]:.3f}" if i in times else "-" for i in ("cutile", "mamba_ssm", "fla")]
         print(f"| {name} | {args.dtype} | " + " | ".join(cells) + " |", flush=True)
     return 0

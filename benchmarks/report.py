@@ -4,11 +4,12 @@
 
 One line per anchor row and dtype: cuTile's ssd_forward median (as called by default, and with
 check_values=False: no host read of A and D), mamba_ssm's, flash-linear-attention's and the torch
-baseline's from the same run, the speedups over mamba_ssm and over fla, the target and whether it is met (by either call), % of the
-roofline floor, how the default call was timed ("latency": from an idle GPU, host time
-included; "gpu, N starved": GPU time, N rounds of which waited for the host; benchmarks/timing.py),
-and the per-kernel medians (their share of ssd_forward without the value read in parentheses:
-the forward runs chunk_cumsum and either ssd_scan or fwd_pass_state and compute_out).
+baseline's from the same run, the speedups over mamba_ssm and over fla, the target and whether it is
+met (by either call), % of the roofline floor, how the default call was timed ("latency": from an
+idle GPU, host time included; "gpu, N starved": GPU time, N rounds of which waited for the host;
+benchmarks/timing.py), and the per-kernel medians (their share of ssd_forward without the value read
+in parentheses: the forward runs chunk_cumsum and either ssd_scan or fwd_pass_state and
+compute_out).
 """
 
 from __future__ import annotations

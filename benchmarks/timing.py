@@ -37,7 +37,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 FLUSH_BYTES = 256 << 20  # over four times the H200's L2 (60 MB, as PyTorch reports it)
 MAX_PREFILL = 16  # memsets of FLUSH_BYTES before a round: ~1.4 ms of GPU time at most
@@ -66,7 +67,7 @@ class GpuInstant:
         self.event = event
         self._elapsed_ms = elapsed_ms
 
-    def __sub__(self, earlier: "GpuInstant") -> float:
+    def __sub__(self, earlier: GpuInstant) -> float:
         self.event.synchronize()
         return self._elapsed_ms(earlier.event, self.event) * 1e-3
 

@@ -202,10 +202,10 @@ class Backend:
                 return
             if self.kind == "cupy":
                 import cupy
-                event = lambda: cupy.cuda.Event(disable_timing=True)  # noqa: E731
+                event = lambda: cupy.cuda.Event(disable_timing=True)
             else:
                 import torch
-                event = lambda: torch.cuda.Event()  # noqa: E731
+                event = lambda: torch.cuda.Event()
             fork = event()
             fork.record(main)
             joins = []

@@ -126,7 +126,7 @@ def _scans(dims, sm_count: int) -> bool:
     """Whether the call's forward is the scan (kernels.ssd_scan.scan_runs), judged from its
     dimensions alone, as for float32 inputs (past SPLIT_MIN_WAVES every dtype's scan runs; a
     call whose arrays need int64 indices runs the two kernels, unsplit)."""
-    stand_in = lambda name: _Slot(name, dims.shape(name), "float32")  # noqa: E731
+    stand_in = lambda name: _Slot(name, dims.shape(name), "float32")
     return scan_runs(stand_in("x"), stand_in("B"), stand_in("dt_out"), (), sm_count)
 
 
@@ -271,7 +271,7 @@ def run_varlen_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states
     states_shape = (num_seqs, dims.nheads, dims.headdim, dims.dstate)
     # the launches planned on the inputs and stand-ins of the outputs: what they refuse (an
     # array of 2^31 elements or more) is refused before anything is allocated or launched
-    stand_in = lambda shape: types.SimpleNamespace(shape=shape)  # noqa: E731
+    stand_in = lambda shape: types.SimpleNamespace(shape=shape)
     varlen_launches(ForwardArrays(x, dt, A, B, C, D, z, dt_bias, initial_states, None,
                                   dt_softplus, dt_limit, stand_in(dims.shape("dt_out")),
                                   stand_in(dims.shape("dA_cumsum")), None, None,

@@ -9,7 +9,8 @@ it raises a RuntimeError saying so, never a wrong gradient. Imported only where 
 installed (an optional dependency).
 """
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 

@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -244,7 +244,7 @@ class ForwardBounds:
         return tf32_bound(self.final_M, self.kappa_final) + self.extra_final
 
 
-# The chunk states' dtype the README promises where state_dtype is None, by the activations'
+# The chunk states' dtype docs/api.md promises where state_dtype is None, by the activations'
 # dtype: the harness's own statement, never the forward's default (kernels.ssd_forward), so that a
 # wrong default cannot loosen the bound it is checked by; test_launch_plan checks the plans keep it.
 DEFAULT_STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
@@ -265,7 +265,7 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     elsewhere than p's (a chunk of another run overlaps at most 2 of p's chunks: factor 2);
     `operands`: the products' operand format, the inputs' dtype for 16-bit inputs
     (bounds.kappa); `stored_states`: the chunk states stored in bfloat16 (bounds.kappa), None:
-    as the README says ssd_forward stores them by default (DEFAULT_STATE_DTYPES).
+    as docs/api.md says ssd_forward stores them by default (DEFAULT_STATE_DTYPES).
     """
     cs = chunk_size or p.chunk_size
     d = p.dims
@@ -409,7 +409,7 @@ def _as_bfloat16(p: Problem) -> Problem:
     """p with x, B, C, z in bfloat16, and where p.weights is "activation" dt, dt_bias, D and
     initial_states too, and A where p.narrow_A (rounded to nearest; bfloat16 has float32's
     exponent range, so nothing is scaled): the reference reads the same values."""
-    bf16 = lambda a: None if a is None else np.asarray(a, np.float32).astype(  # noqa: E731
+    bf16 = lambda a: None if a is None else np.asarray(a, np.float32).astype(
         ml_dtypes.bfloat16)
     names = ("x", "B", "C", "z", *(WEIGHT_ARRAYS if p.weights == "activation" else ()),
              *(("A",) if p.narrow_A else ()))
@@ -445,7 +445,7 @@ def _keeps_chunk_states(q: Problem, backend: str) -> bool:
     its kernels: on q's route where it names one (the chunk states' routes; the scan keeps its
     state in registers), else by its launch plan's outputs (the rules' route depends on the
     device); AssertionError where the plan stores them otherwise than that, or in another dtype
-    than the README's default (DEFAULT_STATE_DTYPES: bfloat16)."""
+    than the documented default (DEFAULT_STATE_DTYPES: bfloat16)."""
     plan = launch_plan(**on_backend(q, backend), chunk_size=q.chunk_size,
                        dt_softplus=q.dt_softplus, dt_limit=q.dt_limit, route=q.route,
                        batch_parts=q.batch_parts)
@@ -509,7 +509,7 @@ def _weights_past_float16(q: Problem) -> Problem | None:
     k = math.ceil(math.log2(FP16_PUSH / largest))
     if _max_abs(q.B)[0] * 2.0 ** k >= 2.0 ** 15:
         return None
-    f16 = lambda a, e: (np.asarray(a, np.float64) * 2.0 ** e).astype(np.float16)  # noqa: E731
+    f16 = lambda a, e: (np.asarray(a, np.float64) * 2.0 ** e).astype(np.float16)
     return q.replace(B=f16(q.B, k), x=f16(q.x, -k))
 
 
@@ -779,7 +779,7 @@ def _packed_row(p: Problem) -> tuple[Problem, np.ndarray]:
     """p's first row with a random initial state per sequence (p.params["seed"], else 0), and
     the offsets of its sequences (p.params["lengths"], else 0, 1, chunk - 1, chunk, chunk + 1,
     then the rest)."""
-    row = lambda a: None if a is None else a[:1]  # noqa: E731
+    row = lambda a: None if a is None else a[:1]
     d, q_size = p.dims, p.chunk_size
     cu = packed_offsets(d.seqlen, p.params.get("lengths", [0, 1, q_size - 1, q_size, q_size + 1]))
     rng = np.random.default_rng(p.params.get("seed", 0))
@@ -819,7 +819,7 @@ def _packed_against_alone(q: Problem, cu, backend: str) -> dict:
             check_identical(f"sequence {k}'s state (empty: its initial state)", states[k],
                             np.asarray(h0[k], np.float32), q)
             continue
-        cut = lambda a: None if a is None else a[:, lo:hi]  # noqa: E731
+        cut = lambda a, lo=lo, hi=hi: None if a is None else a[:, lo:hi]
         alone = _wide(q.replace(x=cut(q.x), dt=cut(q.dt), B=cut(q.B), C=cut(q.C), z=cut(q.z),
                                 initial_states=h0[k:k + 1]))
         y_ref, final_ref = R.ssd_recurrent(alone.x, alone.dt, alone.A, alone.B, alone.C,

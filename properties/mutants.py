@@ -294,11 +294,14 @@ CATALOGUE = [
            "whose last position the state pass and the scan read as the chunk's decay, holds "
            "whatever the allocation held"),
     Mutant("scan_reads_y_before_writing", "kernels/ssd_scan.py",
-           "            # rows past seqlen and columns past headdim are masked by the store; y has x's",
+           "            # rows past seqlen and columns past headdim are masked by the store; "
+           "y has x's",
            "            acc = acc + ct.transpose(ct.reshape(ct.load(\n"
            "                y, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),\n"
-           "                padding_mode=ct.PaddingMode.ZERO), (BLOCK_T, BLOCK_P)).astype(ct.float32))\n"
-           "            # rows past seqlen and columns past headdim are masked by the store; y has x's",
+           "                padding_mode=ct.PaddingMode.ZERO), (BLOCK_T, BLOCK_P))"
+           ".astype(ct.float32))\n"
+           "            # rows past seqlen and columns past headdim are masked by the store; "
+           "y has x's",
            "the scan adds y's previous contents to the block's output (as if y held a partial "
            "sum): it reads y before any program wrote it"),
     # the values the kernels check on the device (kernels/errors.py): a check that sees part of
@@ -378,7 +381,7 @@ CATALOGUE = [
            'STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}',
            'STATE_DTYPES = {"float32": "float32", "bfloat16": "float32", "float16": "float32"}',
            "bfloat16 inputs store float32 chunk states by default: twice the state traffic the "
-           "README's default saves"),
+           "documented default saves"),
     Mutant("float16_states_by_default_narrow", "kernels/ssd_forward.py",
            'STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}',
            'STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "bfloat16"}',

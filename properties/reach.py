@@ -2,19 +2,19 @@
 that the property suite launched every class reachable at the profile's caps.
 
 A launch's classes (`classes`) are read from what the launcher passes, not from the problem: the
-kernel object (function, index width, occupancy hint); for each tiled dimension, the count of
-its blocks (1, 2, 3+) and whether the last block is full or partial; the program's choices (heads
-per program, the token block, products per chunk, the mode); each option flag; the layout of
-each of the call's arrays it takes (contiguous, strided, or strided in its last axis too, as the
-properties lay them out: strategies.LAYOUTS), and the dtype of each weight (dt, A, dt_bias, D,
-initial_states). The classes reachable at a profile's caps (`reachable`) come from running the
-launchers on stand-in arrays (a shape, a dtype and strides, no data) over the sizes, layouts
-and weights the strategies can draw (`strategies.drawable`), each launch the properties make:
-the forward by the rules and on each of its routes (and in two batch slices) in float32,
-bfloat16 and float16, fwd_pass_state in each mode at the rules' and at small tiles, compute_out and ssd_scan in each of their choices, each kernel alone
-in bfloat16. `cover` picks a few problems that launch every such class: the property tests run
-them as explicit examples, so the check rests on no drawn example's luck. Classes that need
-sizes beyond the caps (`beyond_caps`: arrays of 2^31 elements or more, the int64-indexed
+kernel object (function, index width, occupancy hint); for each tiled dimension, the count of its
+blocks (1, 2, 3+) and whether the last block is full or partial; the program's choices (heads per
+program, the token block, products per chunk, the mode); each option flag; the layout of each of the
+call's arrays it takes (contiguous, strided, or strided in its last axis too, as the properties lay
+them out: strategies.LAYOUTS), and the dtype of each weight (dt, A, dt_bias, D, initial_states). The
+classes reachable at a profile's caps (`reachable`) come from running the launchers on stand-in
+arrays (a shape, a dtype and strides, no data) over the sizes, layouts and weights the strategies
+can draw (`strategies.drawable`), each launch the properties make: the forward by the rules and on
+each of its routes (and in two batch slices) in float32, bfloat16 and float16, fwd_pass_state in
+each mode at the rules' and at small tiles, compute_out and ssd_scan in each of their choices, each
+kernel alone in bfloat16. `cover` picks a few problems that launch every such class: the property
+tests run them as explicit examples, so the check rests on no drawn example's luck. Classes that
+need sizes beyond the caps (`beyond_caps`: arrays of 2^31 elements or more, the int64-indexed
 objects) are listed with where they are tested instead.
 
     python -m properties.reach            # the classes reachable at the active profile's caps
@@ -250,7 +250,7 @@ class _Stand:
         """The strides in elements, as torch names them (contract.element_strides reads it)."""
         return self.strides_in_elements
 
-    def __getitem__(self, index: slice) -> "_Stand":
+    def __getitem__(self, index: slice) -> _Stand:
         return _Stand((len(range(self.shape[0])[index]), *self.shape[1:]), self.dtype,
                       self.strides_in_elements)
 
@@ -279,11 +279,11 @@ def _arrays(d: Dims, opts: dict, activations: str = "float32") -> ForwardArrays:
     narrow = activations != "float32" and opts.get("weights") == "activation"
     weight = activations if narrow else "float32"
     A = activations if activations == "bfloat16" and opts.get("narrow_A") else "float32"
-    s = lambda name, dtype="float32": _Stand(  # noqa: E731
+    s = lambda name, dtype="float32": _Stand(
         d.shape(name), dtype, layout_strides(layout, d, name) if name in LAID_OUT[layout]
         else None)
-    a = lambda name: s(name, activations)  # noqa: E731
-    w = lambda name: s(name, weight)  # noqa: E731
+    a = lambda name: s(name, activations)
+    w = lambda name: s(name, weight)
     D = {"head": _Stand((d.nheads,), weight), "channel": w("D")}.get(opts.get("D"))
     return ForwardArrays(
         a("x"), w("dt"), s("A", A), a("B"), a("C"), D, a("z") if opts.get("z") else None,

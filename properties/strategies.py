@@ -150,7 +150,7 @@ class Problem:
         return dict(D=self.D, z=self.z, dt_bias=self.dt_bias, initial_states=self.initial_states,
                     seq_idx=self.seq_idx, dt_softplus=self.dt_softplus, dt_limit=self.dt_limit)
 
-    def replace(self, **changes) -> "Problem":
+    def replace(self, **changes) -> Problem:
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
@@ -177,7 +177,7 @@ class Problem:
         np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
 
     @classmethod
-    def load(cls, path) -> tuple[str, "Problem"]:
+    def load(cls, path) -> tuple[str, Problem]:
         """(property name, problem) of a reproducer written by `save`."""
         with np.load(path, allow_pickle=False) as f:
             meta = json.loads(str(f["meta"]))
@@ -334,7 +334,7 @@ def _buckets(draw, c: Caps, segments: bool | None, gate: bool | None,
                   batch_parts=batch_parts)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fixed_buckets(c: Caps, count: int, **kwargs) -> tuple[Bucket, ...]:
     """`count` distinct buckets of `_buckets(c, **kwargs)`, the same ones on every run: its
     simplest, then every SPREAD-th of the distinct ones a derandomized run draws (Hypothesis'
@@ -718,7 +718,7 @@ def _mutations(s: Signature) -> dict:
     value other than s's) for every change of MUTATION_CHANGES that `s` admits: the weights' and
     A's dtype where the activations are 16-bit, the groups where the heads divide."""
     d = s.dims
-    dims = lambda **kw: dataclasses.replace(s, dims=dataclasses.replace(d, **kw))  # noqa: E731
+    dims = lambda **kw: dataclasses.replace(s, dims=dataclasses.replace(d, **kw))
     replace = functools.partial(dataclasses.replace, s)
     narrow = s.dtype in NARROW_DTYPES
     per_group = d.nheads // d.ngroups

@@ -4,7 +4,8 @@ Whole forward: `ssd_recurrent` (the ground truth), `ssd_chunked` (the per-kernel
 composed), `ssd_quadratic` (the attention form). Per kernel: `chunk_cumsum_ref`,
 `fwd_pass_state_ref`, `compute_out_ref`, `ssd_scan_ref` (the two before it composed). Packed
 variable-length rows (cu_seqlens): `ssd_varlen_ref`, each sequence a call of any of the three
-forms. Magnitude bounds M (the same computation on absolute values, |y| <= M): `ssd_magnitude`, `fwd_pass_state_magnitude`, `compute_out_magnitude`.
+forms. Magnitude bounds M (the same computation on absolute values, |y| <= M): `ssd_magnitude`,
+`fwd_pass_state_magnitude`, `compute_out_magnitude`.
 """
 
 from reference.chunk_cumsum import chunk_cumsum_ref

@@ -38,7 +38,7 @@ def ssd_varlen_ref(x, dt, A, B, C, cu_seqlens, *, form: str = "recurrent", chunk
         lo, hi = offsets[k], offsets[k + 1]
         if lo == hi:
             continue
-        part = lambda a: None if a is None else a[:, lo:hi]  # noqa: E731
+        part = lambda a, lo=lo, hi=hi: None if a is None else a[:, lo:hi]
         h0 = states[k:k + 1] if initial_states is not None else None
         args = (part(x), part(dt), A, part(B), part(C))
         kw = dict(D=D, z=part(z), initial_states=h0, **options)

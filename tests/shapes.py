@@ -1,8 +1,9 @@
 """The table of shapes and options the kernel tests run, in one place, and its input maker.
 
 Every stage test (tests/test_chunk_cumsum.py, test_fwd_pass_state.py, test_compute_out.py,
-test_ssd_scan.py, test_ssd_forward.py) runs these cases on both backends: "interpreter" (NumPy inputs, the CPU
-tile interpreter) and "gpu" (CuPy inputs, marker gpu). A case's id says what it is for.
+test_ssd_scan.py, test_ssd_forward.py) runs these cases on both backends: "interpreter" (NumPy
+inputs, the CPU tile interpreter) and "gpu" (CuPy inputs, marker gpu). A case's id says what it
+is for.
 """
 
 from __future__ import annotations

@@ -314,7 +314,7 @@ def _comparator(row, impl):
 
         def forward(x, dt, A, B, C, D):
             return ssd_chunked_torch(x, dt, A, B, C, row.chunk_size, D=D, return_final_states=True)
-    timed = lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])  # noqa: E731
+    timed = lambda: forward(f["x"], f["dt"], f["A"], f["B"], f["C"], f["D"])
     return row.check(impl, forward), timed
 
 
@@ -964,7 +964,7 @@ def test_sweep_ablations_match_the_kernel_source_and_launch_with_the_rules_choic
     for kernel, ablations in sweep.ABLATIONS.items():
         source = (REPO / "kernels" / f"{kernel}.py").read_text()
         for tag, edits in ablations:
-            for old, new, count in edits:
+            for old, _, count in edits:
                 assert source.count(old) == count, (kernel, tag, old)
             mod = sweep.load_variant(kernel, edits, tmp_path, tag)
             copy = (tmp_path / f"{kernel}_{tag}.py").read_text()
@@ -1198,7 +1198,7 @@ def test_torch_baseline_matches_the_reference():
         for dtype, y_bound, final_bound in ((torch.float64, FLOAT64_REL * fp32.M,
                                              FLOAT64_REL * fp32.final_M),
                                             (torch.float32, fp32.y, fp32.final)):
-            T = lambda a: torch.from_numpy(a).to(dtype)  # noqa: E731
+            T = lambda a, dtype=dtype: torch.from_numpy(a).to(dtype)
             y, final = ssd_chunked_torch(T(x), T(dt), T(A), T(B), T(C), Q, D=T(D),
                                          initial_states=T(S0), return_final_states=True)
             assert np.all(np.abs(y.double().numpy() - y_ref) <= y_bound)

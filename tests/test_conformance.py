@@ -60,7 +60,7 @@ def assert_identical(cpu, gpu, what):
     """Bit for bit (NaN included: same positions)."""
     cpu, gpu = np.asarray(cpu), np.asarray(gpu)
     assert cpu.dtype == gpu.dtype and cpu.shape == gpu.shape
-    as_bytes = lambda a: a.view(np.uint8).reshape(a.shape + (-1,))  # noqa: E731
+    as_bytes = lambda a: a.view(np.uint8).reshape(a.shape + (-1,))
     same = (as_bytes(cpu) == as_bytes(gpu)).all(-1)
     if cpu.dtype.kind == "f":
         same |= np.isnan(cpu) & np.isnan(gpu)
@@ -107,8 +107,8 @@ def _normal(cases):
                          ids=["tfloat32", "bfloat16"])
 def test_astype_rounding_is_identical(dtype, cases):
     x, n = _roundtrip_inputs(cases)
-    (_, y_cpu), (_, y_gpu) = run_both((1,), _roundtrip_kernel,
-                                      (x, np.full(n, np.nan, np.float32), n, CAST_DTYPES.index(dtype)))
+    (_, y_cpu), (_, y_gpu) = run_both(
+        (1,), _roundtrip_kernel, (x, np.full(n, np.nan, np.float32), n, CAST_DTYPES.index(dtype)))
     assert_identical(y_cpu, y_gpu, f"astype {dtype}")
 
 
@@ -144,7 +144,8 @@ def test_padding_is_identical(mode):
     assert_identical(y_cpu, y_gpu, f"padding {mode}")
 
 
-@pytest.mark.parametrize("shape, block", [((6, 10), (4, 4)), ((7, 5), (2, 8)), ((33, 65), (16, 32))],
+@pytest.mark.parametrize("shape, block",
+                         [((6, 10), (4, 4)), ((7, 5), (2, 8)), ((33, 65), (16, 32))],
                          ids=["ragged", "tile_wider_than_array", "many_tiles"])
 def test_partial_tile_copies_are_identical(shape, block):
     x = np.random.default_rng(12).standard_normal(shape).astype(np.float32)
@@ -167,8 +168,8 @@ def test_transposed_loads_are_identical():
 @pytest.mark.parametrize("axis, reverse", [(0, False), (1, True)], ids=["axis0", "axis1_reverse"])
 def test_cumsum_of_representable_values_is_identical(axis, reverse):
     x = (np.random.default_rng(14).integers(-64, 64, (16, 32)) / 8).astype(np.float32)
-    (_, y_cpu), (_, y_gpu) = run_both((1,), _cumsum_kernel,
-                                      (x, np.full(x.shape, np.nan, np.float32), 16, 32, axis, reverse))
+    (_, y_cpu), (_, y_gpu) = run_both(
+        (1,), _cumsum_kernel, (x, np.full(x.shape, np.nan, np.float32), 16, 32, axis, reverse))
     assert_identical(y_cpu, y_gpu, "cumsum")
 
 
@@ -246,12 +247,13 @@ def test_chunk_cumsum_conforms(case):
     if case.dt == "plain":  # the processed dt is the raw dt, clamped at (0, inf): exact
         assert_identical(dt_cpu, dt_gpu, "dt_out")
     else:  # exp, log (GPU approximations) in softplus: each side within C_DT u32 of exact
-        assert_close(dt_cpu, dt_gpu, 2.01 * bounds.C_DT * U32 * np.abs(dt_cpu), U32 * np.abs(dt_cpu),
-                     f"{case.id} dt_out (u32 |dt|)")
+        assert_close(dt_cpu, dt_gpu, 2.01 * bounds.C_DT * U32 * np.abs(dt_cpu),
+                     U32 * np.abs(dt_cpu), f"{case.id} dt_out (u32 |dt|)")
     # each side within cumsum_gamma |a| of the exact cumsum (its dt error included in gamma)
     gamma = bounds.cumsum_gamma(cs)
     scale = np.abs(dA_cpu.astype(np.float64))
-    assert_close(dA_cpu, dA_gpu, 2.01 * gamma * scale, U32 * scale, f"{case.id} dA_cumsum (u32 |a|)")
+    assert_close(dA_cpu, dA_gpu, 2.01 * gamma * scale, U32 * scale,
+                 f"{case.id} dA_cumsum (u32 |a|)")
 
 
 @pytest.mark.parametrize("case", [c.param() for c in CASES])

@@ -65,7 +65,7 @@ def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k):
     case = next(c for c in CASES if c.id == case_id)
     dims = Dims(case.batch, case.seqlen, case.nheads, case.headdim, case.ngroups, case.dstate,
                 case.chunk_size)
-    a = lambda name: ArraySpec(dims.shape(name))  # noqa: E731
+    a = lambda name: ArraySpec(dims.shape(name))
     sm_count = case.batch * case.nheads + programs_vs_sms  # headdim, dstate: one slice
     alone = fwd_pass_state_launches(a("x"), a("B"), a("dt_out"), a("dA_cumsum"), None, None,
                                     a("chunk_states"), a("final_states"), sm_count)
@@ -74,7 +74,7 @@ def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k):
                            a("chunk_states"), a("final_states"), a("y"))
     (forward,) = forward_plan(arrays, sm_count, 1)
     kernels = MODE_KERNELS["parallel_chunks" if parallel else "in_order"]
-    name = lambda launch: launch[0]._pyfunc.__name__  # noqa: E731
+    name = lambda launch: launch[0]._pyfunc.__name__
     assert [name(launch) for launch in alone] == kernels
     if programs_vs_sms == 0:  # a wave of scan programs: the forward is the scan
         assert [name(launch) for launch in forward] == ["_chunk_cumsum_kernel",

@@ -281,7 +281,8 @@ def test_load_of_an_inner_tile_is_not_padded():
 
 @pytest.mark.parametrize("shape, block", [((6, 10), (4, 4)), ((16, 8), (16, 8)), ((1, 3), (1, 4)),
                                           ((7, 5), (2, 8))],
-                         ids=["ragged_both_axes", "exact_tiles", "single_row", "tile_wider_than_array"])
+                         ids=["ragged_both_axes", "exact_tiles", "single_row",
+                              "tile_wider_than_array"])
 def test_partial_tile_stores_write_only_inside(shape, block):
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     y = nan_like(x)
@@ -693,7 +694,8 @@ def test_creation():
     assert a.dtype == ct.float32 and a.numpy().dtype == np.float32
     f = cti.full((2, 4), 3, ct.float16)
     assert f.dtype == ct.float16 and f.numpy().dtype == np.float16 and np.all(f.numpy() == 3)
-    assert np.all(cti.zeros((4,), ct.int32).numpy() == 0) and np.all(cti.ones((2, 2), ct.bool_).numpy())
+    assert np.all(cti.zeros((4,), ct.int32).numpy() == 0)
+    assert np.all(cti.ones((2, 2), ct.bool_).numpy())
     with pytest.raises(ValueError, match="powers of two"):
         cti.full((3, 4), 0.0, ct.float32)
     with pytest.raises(ValueError, match="powers of two"):
@@ -707,7 +709,8 @@ def test_shape_operations():
     np.testing.assert_array_equal(r.numpy(), a.reshape(4, 4))
     np.testing.assert_array_equal(cti.transpose(r).numpy(), a.reshape(4, 4).T)
     c = t.reshape((2, 2, 4))
-    np.testing.assert_array_equal(cti.permute(c, (2, 0, 1)).numpy(), a.reshape(2, 2, 4).transpose(2, 0, 1))
+    np.testing.assert_array_equal(cti.permute(c, (2, 0, 1)).numpy(),
+                                  a.reshape(2, 2, 4).transpose(2, 0, 1))
     np.testing.assert_array_equal(c.transpose(0, 2).numpy(), a.reshape(2, 2, 4).swapaxes(0, 2))
     assert t[:, None].shape == (16, 1) and t[None, :].shape == (1, 16)
     assert cti.expand_dims(t, 0).shape == (1, 16)
@@ -715,7 +718,8 @@ def test_shape_operations():
     np.testing.assert_array_equal(r.extract((0, 1), (2, 2)).numpy(), [[2, 3], [6, 7]])
     np.testing.assert_array_equal(
         cti.insert(r, (1, 0), cti.full((2, 2), 99, ct.int32)).numpy()[2:, :2], [[99, 99], [99, 99]])
-    np.testing.assert_array_equal(cti.cat((r, r), 1).numpy(), np.concatenate([a.reshape(4, 4)] * 2, 1))
+    np.testing.assert_array_equal(cti.cat((r, r), 1).numpy(),
+                                  np.concatenate([a.reshape(4, 4)] * 2, 1))
     assert cti.reshape(cti.full((1, 1), 2.0, ct.float32), ()).shape == ()
     with pytest.raises(TypeError, match="transpose"):
         cti.transpose(c)

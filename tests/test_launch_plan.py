@@ -49,7 +49,7 @@ def test_a_cached_plan_equals_a_fresh_one(drawn, backend, no_plans):
         cached = forward.launch_plan(**kw)
         assert cached == forward.build_plan(**kw), signature
         assert forward.launch_plan(**kw) is cached  # kept: the second call builds nothing
-        # chunk states (three kernels) in the dtype the README promises, x's where not float32
+        # chunk states (three kernels) in the dtype docs/api.md promises, x's where not float32
         narrow_states = {name: like_x for name, _, like_x in cached.outputs}.get("chunk_states")
         expected = expected_state_dtype(signature.dtype, signature.states)
         assert narrow_states in (None, expected != "float32"), (signature, expected)
@@ -177,5 +177,6 @@ def test_state_dtype_is_keyed(no_plans):
         cached = forward.launch_plan(**kw, state_dtype=state_dtype)
         assert cached == forward.build_plan(**kw, state_dtype=state_dtype), state_dtype
     dtypes = {state_dtype: dict((n, x) for n, _, x in forward.launch_plan(
-        **kw, state_dtype=state_dtype).outputs)["chunk_states"] for state_dtype in ("float32", None)}
+        **kw, state_dtype=state_dtype).outputs)["chunk_states"]
+        for state_dtype in ("float32", None)}
     assert dtypes == {"float32": False, None: True}  # float32, and x's bfloat16 by default

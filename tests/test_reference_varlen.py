@@ -28,7 +28,7 @@ def _magnitudes(args, cu_seqlens, init, kw):
     """(M of y, M of varlen_states): the packed reference on absolute values (decays unchanged),
     y's times |z sigmoid(z)|: every term of an output is a product of those factors."""
     x, dt, A, B, C = args
-    abs_ = lambda a: None if a is None else np.abs(a)  # noqa: E731
+    abs_ = lambda a: None if a is None else np.abs(a)
     M, M_states = R.ssd_varlen_ref(np.abs(x), dt, A, np.abs(B), np.abs(C), cu_seqlens,
                                    initial_states=abs_(init), **{**kw, "D": abs_(kw.get("D")),
                                                                  "z": None})

@@ -39,18 +39,19 @@ def _backend(backend: str, dtype: str) -> str:
 
 def layer_call(layer: str, dtype: str, where: str, seed: int = 0):
     """(arguments as the layer passes them on `where`, the same values as float64 NumPy)."""
-    b, l, h, p, g, n, cs, channel_D, gated, dt_limit = LAYERS[layer]
+    b, seqlen, h, p, g, n, cs, channel_D, gated, dt_limit = LAYERS[layer]
     rng = np.random.default_rng(seed)
     narrow = DTYPES[dtype]
     d_ssm = h * p
     width = 2 * d_ssm + 2 * g * n + h
-    projection = rng.standard_normal((b, l, width)).astype(narrow)
-    projection[..., -h:] = rng.uniform(-4.0, 0.0, (b, l, h))  # raw dt, before softplus
+    projection = rng.standard_normal((b, seqlen, width)).astype(narrow)
+    projection[..., -h:] = rng.uniform(-4.0, 0.0, (b, seqlen, h))  # raw dt, before softplus
     on = to_backend(projection, where)
     views = dict(z=on[..., :d_ssm], x=on[..., d_ssm:2 * d_ssm],
                  B=on[..., 2 * d_ssm:2 * d_ssm + g * n], C=on[..., 2 * d_ssm + g * n:-h],
                  dt=on[..., -h:])
-    shapes = dict(z=(b, l, h, p), x=(b, l, h, p), B=(b, l, g, n), C=(b, l, g, n))
+    shapes = dict(z=(b, seqlen, h, p), x=(b, seqlen, h, p), B=(b, seqlen, g, n),
+                  C=(b, seqlen, g, n))
     args = {k: v.reshape(shapes[k]) if k in shapes else v for k, v in views.items()}
     if not gated:
         args["z"] = None

@@ -237,14 +237,14 @@ def test_batch_slices_choose_as_the_whole_batch():
     (96 < 132), and the same compute_out layout."""
     from tests.test_compile import ArraySpec
     dims = Dims(8, 2048, 12, 64, 1, 256, 256)
-    a = lambda name: ArraySpec(dims.shape(name))  # noqa: E731
+    a = lambda name: ArraySpec(dims.shape(name))
     arrays = ForwardArrays(a("x"), a("dt"), a("A"), a("B"), a("C"), None, None, None, None, None,
                            False, (0.0, math.inf), a("dt_out"), a("dA_cumsum"),
                            a("chunk_states"), a("final_states"), a("y"))
     (whole,) = forward_plan(arrays, 132, 1)
     halves = forward_plan(arrays, 132, 2)
-    kernel_names = lambda launches: [k._pyfunc.__name__ for k, _, _ in launches]  # noqa: E731
-    constants = lambda launches: [[v for v in args if isinstance(v, (bool, int))]  # noqa: E731
+    kernel_names = lambda launches: [k._pyfunc.__name__ for k, _, _ in launches]
+    constants = lambda launches: [[v for v in args if isinstance(v, (bool, int))]
                                   for _, _, args in launches]
     assert len(halves) == 2 and len(whole) == 3  # cumsum, the state in order, compute_out
     for half in halves:

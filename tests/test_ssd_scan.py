@@ -34,8 +34,8 @@ def _stage_inputs(case) -> tuple[dict, dict]:
 def test_ssd_scan_matches_reference(case, backend, request):
     """Every choice the case's shape allows (heads per program x headdim block x occupancy x
     worker warps; on the interpreter, which reads no hint, the first choice of each heads x
-    headdim block): y and final_states within the forward's kappa of the float64 reference of the same inputs (accumulation_length
-    counts the scan's token-block boundaries)."""
+    headdim block): y and final_states within the forward's kappa of the float64 reference of the
+    same inputs (accumulation_length counts the scan's token-block boundaries)."""
     inputs, _ = _stage_inputs(case)
     y_ref, final_ref = R.ssd_scan_ref(**inputs)
     upstream = (inputs["x"], inputs["B"], inputs["dt_out"], inputs["dA_cumsum"])
@@ -83,7 +83,7 @@ def test_two_heads_only_where_they_share_a_group():
 ])
 def test_the_forward_takes_the_scan_where_its_grid_fills_the_gpu(dims, dtype, runs):
     from types import SimpleNamespace
-    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)  # noqa: E731
+    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
     arrays = (a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"), a("y"))
     assert scan_runs(a("x"), a("B"), a("dt_out"), arrays, H200_SMS) == runs
 

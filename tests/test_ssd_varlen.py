@@ -25,7 +25,7 @@ CU_SEQLENS = np.concatenate([[0], np.cumsum(LENGTHS)]).astype(np.int32)
 def _inputs(seed=0, nheads=4, headdim=24, ngroups=2, dstate=16, options=True):
     rng = np.random.default_rng(seed)
     L, h, p, g, n = int(CU_SEQLENS[-1]), nheads, headdim, ngroups, dstate
-    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    f32 = lambda a: np.asarray(a, dtype=np.float32)
     kw = dict(x=f32(rng.standard_normal((1, L, h, p))),
               dt=f32(np.exp(rng.uniform(math.log(1e-3), math.log(0.3), (1, L, h)))),
               A=f32(-np.exp(rng.uniform(math.log(0.5), math.log(8.0), h))),
@@ -42,7 +42,7 @@ def _reference(kw):
     args = (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], CU_SEQLENS)
     opts = dict(D=kw.get("D"), z=kw.get("z"), initial_states=kw.get("initial_states"))
     y, states = R.ssd_varlen_ref(*args, **opts)
-    abs_ = lambda a: None if a is None else np.abs(a)  # noqa: E731
+    abs_ = lambda a: None if a is None else np.abs(a)
     M, M_states = R.ssd_varlen_ref(np.abs(kw["x"]), kw["dt"], kw["A"], np.abs(kw["B"]),
                                    np.abs(kw["C"]), CU_SEQLENS, D=abs_(opts["D"]),
                                    initial_states=abs_(opts["initial_states"]))
@@ -194,7 +194,7 @@ def test_many_short_sequences_in_a_row(backend, num_seqs, request):
     lengths = rng.integers(0, 2 * CHUNK + 1, num_seqs)
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     L, h, p, n = int(cu[-1]), 2, 16, 16
-    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    f32 = lambda a: np.asarray(a, dtype=np.float32)
     kw = dict(x=f32(rng.standard_normal((1, L, h, p))),
               dt=f32(np.exp(rng.uniform(math.log(1e-3), math.log(0.3), (1, L, h)))),
               A=f32(-np.exp(rng.uniform(math.log(0.5), math.log(8.0), h))),

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernels import raise_pending_errors, ssd_forward  # noqa: E402
-from shapes import Case, make_inputs  # noqa: E402
+from kernels import raise_pending_errors, ssd_forward  # noqa: E402 - after the skip: needs torch
+from shapes import Case, make_inputs  # noqa: E402 - after the skip
 
 pytestmark = pytest.mark.gpu
 

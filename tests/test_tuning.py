@@ -48,7 +48,7 @@ def no_tuned_choices(monkeypatch):
 
 def stand_ins(dims: Dims, dtype: str, seq_idx: bool = False) -> tuple:
     """compute_out_launch's array arguments as stand-ins (a shape and a dtype, no data)."""
-    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)  # noqa: E731
+    a = lambda name: SimpleNamespace(shape=dims.shape(name), dtype=dtype)
     seg = SimpleNamespace(shape=dims.shape("seq_idx"), dtype="int32") if seq_idx else None
     return (a("x"), a("B"), a("C"), a("dt_out"), a("dA_cumsum"), a("chunk_states"), None, None,
             seg, a("y"))

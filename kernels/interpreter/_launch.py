@@ -47,7 +47,8 @@ _PASS_THROUGH = (
 def _build_namespace() -> types.ModuleType:
     ns = types.ModuleType("cuda.tile[interpreter]", "cuda.tile operations emulated with NumPy")
     for name, value in vars(ct).items():
-        if isinstance(value, ct.DType) or name in _PASS_THROUGH or name.endswith(("Error", "Exception")):
+        if (isinstance(value, ct.DType) or name in _PASS_THROUGH
+                or name.endswith(("Error", "Exception"))):
             setattr(ns, name, value)
     for name in _OP_NAMES:
         setattr(ns, name, getattr(_ops, name))
@@ -147,7 +148,7 @@ class _Rebinder:
 
 def _cell_full(cell) -> bool:
     try:
-        cell.cell_contents
+        _ = cell.cell_contents  # an empty cell raises
     except ValueError:
         return False
     return True
@@ -207,7 +208,8 @@ def _grid(grid) -> tuple[int, int, int]:
 
 
 def launch(grid, kernel, args) -> None:
-    """Run `kernel` (a `@ct.kernel`) on NumPy arrays: `ct.launch(stream, grid, kernel, args)` on the CPU.
+    """Run `kernel` (a `@ct.kernel`) on NumPy arrays: `ct.launch(stream, grid, kernel, args)` on
+    the CPU.
 
     `args` is a tuple of NumPy arrays (written in place by stores), Python/NumPy scalars and the
     values of `ct.Constant` parameters. Programs run one after the other, in reverse order of
@@ -235,7 +237,8 @@ def launch(grid, kernel, args) -> None:
                 if func(*wrapped) is not None:
                     raise TypeError(f"kernel {pyfunc.__name__} returned a value")
             except Exception as e:
-                e.add_note(f"(in program bid=({x}, {y}, {z}) of grid {g}, run by the CPU interpreter)")
+                e.add_note(f"(in program bid=({x}, {y}, {z}) of grid {g}, run by the CPU "
+                           "interpreter)")
                 raise
             finally:
                 _state.leave()

@@ -124,7 +124,8 @@ def _float_binary(name, fn):
 
 def _ftz_operands(fn, x, y, dtype):
     with np.errstate(all="ignore"):
-        return _ftz(fn(_ftz(as_storage(x, dtype)), _ftz(as_storage(y, dtype)))).astype(STORAGE[dtype])
+        r = fn(_ftz(as_storage(x, dtype)), _ftz(as_storage(y, dtype)))
+        return _ftz(r).astype(STORAGE[dtype])
 
 
 def _floordiv_fn(a, b):
@@ -237,7 +238,8 @@ def _float_tile(x, name) -> Tile:
 
 def _unary_float(name, fn, has_rounding=False, has_ftz=False):
     def op(x, /, **kw):
-        allowed = ({"rounding_mode"} if has_rounding else set()) | ({"flush_to_zero"} if has_ftz else set())
+        allowed = (({"rounding_mode"} if has_rounding else set())
+                   | ({"flush_to_zero"} if has_ftz else set()))
         unknown = set(kw) - allowed
         if unknown:
             raise TypeError(f"{name}() got unexpected keyword arguments {sorted(unknown)}")
@@ -427,11 +429,13 @@ def _subtile_slices(x: Tile, index, shape, what):
     index = index if isinstance(index, (tuple, list)) else (index,)
     shape = check_shape(shape, what)
     if len(index) != x.ndim or len(shape) != x.ndim:
-        raise ValueError(f"{what}: index {tuple(index)} and shape {shape} must have the tile's rank {x.ndim}")
+        raise ValueError(f"{what}: index {tuple(index)} and shape {shape} must have the tile's "
+                         f"rank {x.ndim}")
     slices = []
     for d, (i, s, n) in enumerate(zip(index, shape, x.shape)):
         if n % s:
-            raise ValueError(f"{what}: sub-tile shape {shape} does not divide the tile shape {x.shape}")
+            raise ValueError(f"{what}: sub-tile shape {shape} does not divide the tile shape "
+                             f"{x.shape}")
         i = index_int(i, what)
         if not 0 <= i < n // s:
             raise IndexError(f"{what}: index {i} out of range [0, {n // s}) on axis {d}")
@@ -494,7 +498,7 @@ def _sequential(a: np.ndarray, axis: int, dtype, reverse: bool, scan: bool) -> n
     return r
 
 
-def sum(x, /, axis=None, *, keepdims=False, rounding_mode=None, flush_to_zero=False):  # noqa: A001
+def sum(x, /, axis=None, *, keepdims=False, rounding_mode=None, flush_to_zero=False):  # noqa: A001 - cuTile's name
     _check_rounding("sum", rounding_mode)
     if flush_to_zero:
         raise NotImplementedError("sum(flush_to_zero=True)")
@@ -521,7 +525,8 @@ def prod(x, /, axis=None, *, keepdims=False, rounding_mode=None, flush_to_zero=F
     if x.dtype in (ct.float16, ct.bfloat16) or not is_numeric_arith(x.dtype):
         raise NotImplementedError(f"prod of a {x.dtype} tile")
     with np.errstate(all="ignore"):
-        r = np.prod(x._a, axis=_axes(axis, x.ndim, "prod"), keepdims=keepdims, dtype=STORAGE[x.dtype])
+        r = np.prod(x._a, axis=_axes(axis, x.ndim, "prod"), keepdims=keepdims,
+                    dtype=STORAGE[x.dtype])
     return finish(r, x.dtype)
 
 
@@ -538,8 +543,8 @@ def _reduce_minmax(name, nan_ignoring, nan_propagating):
     return op
 
 
-max = _reduce_minmax("max", np.fmax, np.maximum)  # noqa: A001
-min = _reduce_minmax("min", np.fmin, np.minimum)  # noqa: A001
+max = _reduce_minmax("max", np.fmax, np.maximum)  # noqa: A001 - cuTile's name
+min = _reduce_minmax("min", np.fmin, np.minimum)  # noqa: A001 - cuTile's name
 
 
 def _arg_reduce(name, fn, nan_fill):
@@ -713,21 +718,23 @@ def _tile_region(view_shape, index, shape, what, check_bounds):
     """Slices of the array view covered by the tile, and of the tile covered by the array."""
     index = index if isinstance(index, (tuple, list)) else (index,)
     if len(index) != len(view_shape):
-        raise TypeError(f"{what}: index size {len(index)} does not match the array rank {len(view_shape)}")
+        raise TypeError(f"{what}: index size {len(index)} does not match the array rank "
+                        f"{len(view_shape)}")
     src, dst, partial = [], [], False
     for d, (i, s, n) in enumerate(zip(index, shape, view_shape)):
         start = index_int(i, what) * s
         if start < 0 or start >= n:
-            raise IndexError(f"{what}: tile {tuple(index_int(j, what) for j in index)} of shape {shape} "
-                             f"lies outside the array of shape {tuple(view_shape)} on axis {d} "
-                             "(undefined behaviour on the GPU)")
+            raise IndexError(f"{what}: tile {tuple(index_int(j, what) for j in index)} of shape "
+                             f"{shape} lies outside the array of shape {tuple(view_shape)} on "
+                             f"axis {d} (undefined behaviour on the GPU)")
         stop = builtins.min(start + s, n)
         partial |= stop - start < s
         src.append(slice(start, stop))
         dst.append(slice(0, stop - start))
     if partial and not check_bounds:
-        raise IndexError(f"{what}: check_bounds=False but the tile at {tuple(index)} of shape {shape} "
-                         f"extends past the array of shape {tuple(view_shape)} (undefined behaviour)")
+        raise IndexError(f"{what}: check_bounds=False but the tile at {tuple(index)} of shape "
+                         f"{shape} extends past the array of shape {tuple(view_shape)} "
+                         "(undefined behaviour)")
     return tuple(src), tuple(dst), partial
 
 
@@ -750,7 +757,8 @@ def _load_store_common(array, order, latency, allow_tma, memory_order, memory_sc
     if allow_tma is not None and not isinstance(allow_tma, bool):
         raise TypeError(f"{what}: allow_tma must be a bool, got {allow_tma!r}")
     if memory_order != ct.MemoryOrder.WEAK or memory_scope != ct.MemoryScope.NONE:
-        raise NotImplementedError(f"{what}(memory_order={memory_order}, memory_scope={memory_scope})")
+        raise NotImplementedError(f"{what}(memory_order={memory_order}, "
+                                  f"memory_scope={memory_scope})")
     perm = _order(order, array.ndim, what)
     return array, perm, np.transpose(array._a, perm)
 
@@ -833,9 +841,9 @@ def _record_store(array: Array, perm, src, view, values):
             same |= np.isnan(old) & np.isnan(values)
         clash = foreign & ~same
         if clash.any():
-            raise RuntimeError(f"store: programs {int(ids[clash].flat[0])} and {me} store different "
-                               "values to the same element: the result depends on the order of "
-                               "programs on the GPU")
+            raise RuntimeError(f"store: programs {int(ids[clash].flat[0])} and {me} store "
+                               "different values to the same element: the result depends on the "
+                               "order of programs on the GPU")
     ids[...] = me
 
 
@@ -862,7 +870,8 @@ def store(array, /, index, tile, *, order="C", check_bounds=True, latency=None, 
     if values.ndim == 0:
         values = values.reshape((1,) * array.ndim)
     elif values.ndim != array.ndim:
-        raise TypeError(f"store: tile rank {values.ndim} does not match the array rank {array.ndim}")
+        raise TypeError(f"store: tile rank {values.ndim} does not match the array rank "
+                        f"{array.ndim}")
     src, dst, _ = _tile_region(view.shape, index, values.shape, "store", check_bounds)
     _record_store(array, perm, src, view, values[dst])
     _mark_written(array, perm, src)
@@ -1037,7 +1046,8 @@ def ensure_constant(value, /):
 def assume_divisible_by(x, divisor):
     v = index_int(x, "assume_divisible_by")
     if v % divisor:
-        raise ValueError(f"assume_divisible_by: {v} is not divisible by {divisor} (undefined behaviour)")
+        raise ValueError(f"assume_divisible_by: {v} is not divisible by {divisor} (undefined "
+                         "behaviour)")
     return x
 
 

@@ -48,7 +48,8 @@ def ct_dtype_of_numpy(dtype) -> ct.DType:
     try:
         return FROM_NUMPY[np.dtype(dtype)]
     except KeyError:
-        raise TypeError(f"the interpreter has no cuTile dtype for NumPy dtype {np.dtype(dtype)}") from None
+        raise TypeError("the interpreter has no cuTile dtype for NumPy dtype "
+                        f"{np.dtype(dtype)}") from None
 
 
 def round_fp32_mantissa(a: np.ndarray, bits: int) -> np.ndarray:
@@ -64,7 +65,8 @@ def round_fp32_mantissa(a: np.ndarray, bits: int) -> np.ndarray:
     u = np.ascontiguousarray(a).view(np.uint32).reshape(a.shape)
     drop = 23 - bits
     lsb = (u >> np.uint32(drop)) & np.uint32(1)
-    r = (u + (np.uint32((1 << (drop - 1)) - 1) + lsb)) & np.uint32((0xFFFFFFFF << drop) & 0xFFFFFFFF)
+    kept = np.uint32((0xFFFFFFFF << drop) & 0xFFFFFFFF)  # the bits the rounded value keeps
+    r = (u + (np.uint32((1 << (drop - 1)) - 1) + lsb)) & kept
     return np.where(np.isnan(a), a, r.view(np.float32))
 
 
@@ -98,7 +100,8 @@ def convert(a: np.ndarray, src: ct.DType, dst: ct.DType) -> np.ndarray:
     if is_integral(dst):
         if is_float(src):
             if not np.all(np.isfinite(a)):
-                raise ValueError(f"astype({src} -> {dst}) of NaN or inf is not specified on the GPU")
+                raise ValueError(f"astype({src} -> {dst}) of NaN or inf is not specified on the "
+                                 "GPU")
             t = np.trunc(a.astype(np.float64))
             info = np.iinfo(STORAGE[dst])
             if t.size and (t.min() < info.min or t.max() > info.max):
@@ -116,7 +119,7 @@ def convert(a: np.ndarray, src: ct.DType, dst: ct.DType) -> np.ndarray:
     return round_fp32_mantissa(_fp64_to_fp32_round_to_odd(a.astype(np.float64)), bits)
 
 
-def finish(a: np.ndarray, dtype: ct.DType) -> "Tile":
+def finish(a: np.ndarray, dtype: ct.DType) -> Tile:
     """Wrap the result of a NumPy computation done in `dtype`'s storage as a tile of `dtype`."""
     a = np.asarray(a)
     if a.dtype != STORAGE[dtype]:
@@ -167,7 +170,7 @@ def as_storage(v, dtype: ct.DType) -> np.ndarray:
     return convert(np.asarray(v), _loose_source_dtype(v), dtype)
 
 
-def as_tile(v, what: str) -> "Tile":
+def as_tile(v, what: str) -> Tile:
     """A tile from a tile or a Python scalar (its loosely typed default dtype)."""
     if isinstance(v, Tile):
         return v
@@ -186,10 +189,12 @@ def check_shape(shape, what: str) -> tuple[int, ...]:
     out = []
     for s in shape:
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-            raise TypeError(f"{what}: shape entries must be constant ints (not runtime values), got {s!r}")
+            raise TypeError(f"{what}: shape entries must be constant ints (not runtime values), "
+                            f"got {s!r}")
         s = int(s)
         if s <= 0 or s & (s - 1):
-            raise ValueError(f"{what}: tile dimensions must be powers of two, got shape {tuple(shape)}")
+            raise ValueError(f"{what}: tile dimensions must be powers of two, got shape "
+                             f"{tuple(shape)}")
         out.append(s)
     return tuple(out)
 
@@ -198,18 +203,19 @@ def index_int(v, what: str) -> int:
     """A runtime integer (Python int or integer 0-d tile) as a Python int."""
     if isinstance(v, Tile):
         if v.ndim != 0 or not (is_integral(v.dtype) or is_boolean(v.dtype)):
-            raise TypeError(f"{what}: expected an integer scalar, got a {v.dtype} tile of shape {v.shape}")
+            raise TypeError(f"{what}: expected an integer scalar, got a {v.dtype} tile of shape "
+                            f"{v.shape}")
         return int(v._a)
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         return int(v)
     raise TypeError(f"{what}: expected an integer, got {type(v).__name__}")
 
 
-def scalar_tile(value, dtype: ct.DType) -> "Tile":
+def scalar_tile(value, dtype: ct.DType) -> Tile:
     return Tile(np.asarray(value, dtype=STORAGE[dtype]), dtype)
 
 
-def int_scalar(value: int) -> "Tile":
+def int_scalar(value: int) -> Tile:
     """A runtime integer as cuTile types it: int32, or int64 when it does not fit."""
     return scalar_tile(value, ct.int32 if -2**31 <= value < 2**31 else ct.int64)
 
@@ -271,7 +277,8 @@ class Tile:
         key = key if isinstance(key, tuple) else (key,)
         for k in key:
             if not (k is None or k is Ellipsis or (isinstance(k, slice) and k == slice(None))):
-                raise NotImplementedError(f"tile indexing with {k!r} (only ':' and None are cuTile syntax)")
+                raise NotImplementedError(f"tile indexing with {k!r} (only ':' and None are cuTile "
+                                          "syntax)")
         return Tile(self._a[key], self._dtype)
 
     # Scalars in Python control flow.
@@ -357,7 +364,8 @@ class Writers:
 
 
 class Array:
-    """A cuTile global array on the CPU: a NumPy array (a view: stores write through) and its dtype."""
+    """A cuTile global array on the CPU: a NumPy array (a view: stores write through) and its
+    dtype."""
 
     __slots__ = ("_a", "_dtype", "_index_dtype", "_writers", "_offset", "name")
 
@@ -392,14 +400,15 @@ class Array:
     def ndim(self) -> int:
         return self._a.ndim
 
-    def slice(self, axis, start, stop) -> "Array":
+    def slice(self, axis, start, stop) -> Array:
         axis = int(axis)
         if axis < 0:
             axis += self.ndim
         start, stop = index_int(start, "Array.slice start"), index_int(stop, "Array.slice stop")
         n = self._a.shape[axis]
         if not (0 <= start < n and start <= stop <= n):
-            raise IndexError(f"Array.slice({start}, {stop}) out of range for axis {axis} of size {n}")
+            raise IndexError(f"Array.slice({start}, {stop}) out of range for axis {axis} of size "
+                             f"{n}")
         key = (slice(None),) * axis + (slice(start, stop),)
         offset = tuple(o + (start if d == axis else 0) for d, o in enumerate(self._offset))
         return Array(self._a[key], self._index_dtype, self._writers, offset, self.name)
