@@ -1,19 +1,33 @@
-"""Nightly fuzzing: every property for a time budget with the `nightly` profile.
+"""Nightly fuzzing: every property for a time budget with the `nightly` profile, on a fleet of
+worker processes that share one example database.
 
     python -m properties.fuzz --minutes 30 --backend gpu --out .fuzz/
+    python -m properties.fuzz --minutes 30 --backend gpu --database redis://HOST:6379/0
 
-Round-robin over the properties, `--round` examples per property at a time (generate and target
-phases: hypothesis.target climbs toward the worst bound ratio), until the budget is spent. The
-example database lives in OUT/hypothesis-db: keep OUT between nights and the failures and the
-best-targeted examples of the last night run first. Every failure is shrunk and written as a
-self-contained reproducer, OUT/<property>.npz (all inputs, the options, the property's
-parameters) with OUT/<property>.txt (the failure and the exact replay command,
-`python -m properties.replay OUT/<property>.npz --backend ...`). Prints a summary (examples run,
-worst err/(u*M) and err/bound per property), writes it to OUT/summary.json, exits 1 if anything
-failed.
+The first runs one worker per visible GPU (times `--per-gpu`; on the interpreter one per core;
+`--workers N` to choose), each pinned to its device (CUDA_VISIBLE_DEVICES), each with its own
+seed, all sharing the node's compile cache and the example database: a directory
+(`--database PATH`, default OUT/hypothesis-db; shared storage for several nodes) or a Redis
+server (`redis://HOST:PORT/DB`, through Hypothesis' RedisExampleDatabase). The same command on
+several nodes with the same Redis URL makes one fleet: every worker replays what any worker found
+(failures and the best-targeted examples) before it generates anything new. A worker that cannot
+reach the database says so and stops; the run then fails.
+
+Each worker runs the properties round-robin, `--round` examples per property at a time (generate
+and target phases: hypothesis.target climbs toward the worst bound ratio), and reads the clock
+before every example: the run ends within the budget plus one example's time. Every failure is
+shrunk and written at once as a self-contained reproducer, OUT/workers/I/<property>.npz (all
+inputs, the options, the property's parameters) with a .txt beside it (the failure and the exact
+replay command, `python -m properties.replay ... --backend ...`); each worker keeps its summary
+(examples, worst err/(u*M) and err/bound per property, the classes of launch it reached)
+up to date in OUT/workers/I/summary.json as it runs, so a worker stopped by a signal, or killed,
+leaves what it ran. The fleet's report merges them into OUT/summary.json (examples per property
+and per worker, worst ratios, failures with their replay command, worker and node, the reach
+classes launched against those reachable at the nightly caps) and prints it; exit 1 if anything
+failed or a worker did not finish. Ctrl-C or SIGTERM stops every worker cleanly, then reports.
 
 `--mutant NAME` plants a bug of the catalogue (properties/mutants.py) first: the demonstration
-that the fuzzer finds, shrinks and writes a failure that the replayer reproduces.
+that the fleet finds, shrinks and writes a failure that the replayer reproduces.
 """
 
 from __future__ import annotations
@@ -21,94 +35,332 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import signal
+import socket
+import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
+# after the budget, how long a worker may take to finish its example before it is stopped (on the
+# GPU an example compiles its kernels first: seconds each), and then to write its summary
+GRACE_SECONDS = {"gpu": 300.0, "interpreter": 120.0}
+STOP_SECONDS = 10.0
+# how often a worker rewrites its summary while examples pass
+SUMMARY_EVERY = 2.0
+EXIT_DATABASE = 3  # a worker's status where it cannot reach the database
 
-def fuzz(minutes: float, backend: str, out: Path, names: list[str], per_round: int,
-         planted: str | None) -> int:
-    from hypothesis import given, settings
+
+class Stopped(BaseException):
+    """The budget is spent or a signal asked the worker to stop: raised in a test's body, it ends
+    Hypothesis' run at once (a BaseException: not a failure, nothing shrunk)."""
+
+
+# --------------------------------------------------------------------------------------------
+# The database
+
+
+def open_database(spec: str):
+    """The example database `spec` names: a Redis URL (redis://HOST:PORT/DB, through
+    Hypothesis' RedisExampleDatabase) or a directory; ConnectionError naming the URL where the
+    server does not answer."""
+    if spec.startswith(("redis://", "rediss://")):
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+        client = redis.Redis.from_url(spec, socket_connect_timeout=5)
+        try:
+            client.ping()
+        except redis.RedisError as e:
+            raise ConnectionError(f"--database {spec}: cannot reach the server ({e})") from None
+        return RedisExampleDatabase(client)
     from hypothesis.database import DirectoryBasedExampleDatabase
+    return DirectoryBasedExampleDatabase(spec)
 
-    from properties.checks import PROPERTIES
-    from properties.profiles import register_profiles
 
-    register_profiles()
-    out.mkdir(parents=True, exist_ok=True)
-    base = settings(settings.get_profile("nightly"), max_examples=per_round,
-                    database=DirectoryBasedExampleDatabase(str(out / "hypothesis-db")),
-                    report_multiple_bugs=False)
-    deadline = time.time() + 60.0 * minutes
-    examples = {n: 0 for n in names}
-    worst: dict[str, dict[str, float]] = {n: {} for n in names}
-    failures: dict[str, str] = {}
-    rounds = 0
-    while time.time() < deadline and len(failures) < len(names):
-        rounds += 1
-        for name in names:
-            if name in failures or time.time() >= deadline:
-                continue
-            last = {}
-            test = base(given(PROPERTIES[name].strategy())(
-                _body(name, backend, last, examples, worst[name])))
+# --------------------------------------------------------------------------------------------
+# A worker
+
+
+class Worker:
+    """One worker's run: the properties round-robin until `deadline` (epoch seconds), its
+    summary kept in `out`/summary.json."""
+
+    def __init__(self, index: int, out: Path, backend: str, names: list[str], per_round: int,
+                 deadline: float, database, seed: int, planted: str | None):
+        self.index, self.out, self.backend, self.names = index, out, backend, names
+        self.per_round, self.deadline, self.database = per_round, deadline, database
+        self.seed, self.planted = seed, planted
+        self.examples = {n: 0 for n in names}
+        self.worst: dict[str, dict[str, float]] = {n: {} for n in names}
+        self.failures: dict[str, dict] = {}
+        self.longest = 0.0  # the longest example, seconds
+        self.rounds = 0
+        self.state = "running"
+        self.written = 0.0
+        from properties.reach import Record
+        self.record = Record()
+
+    def run(self) -> int:
+        from hypothesis import given, settings
+
+        from properties.checks import PROPERTIES
+        self.out.mkdir(parents=True, exist_ok=True)
+        random.seed(self.seed)  # Hypothesis draws each run's seed from `random`
+        base = settings(settings.get_profile("nightly"), max_examples=self.per_round,
+                        database=self.database, report_multiple_bugs=False)
+        try:
+            while len(self.failures) < len(self.names):
+                self.rounds += 1
+                for name in self.names:
+                    if name in self.failures:
+                        continue
+                    self._clock()
+                    last: dict = {}
+                    test = base(given(PROPERTIES[name].strategy())(self._body(name, last)))
+                    try:
+                        with self.record.recording(name):
+                            test()
+                    except Exception as e:
+                        if "problem" not in last:  # the harness itself broke: no kernel failure
+                            raise
+                        self._failed(name, last, e)  # the shrunk failure: its example ran last
+            self.state = "every property failed"
+        except Stopped as stop:
+            self.state = str(stop)
+        finally:
+            self.write_summary(force=True)
+        return 1 if self.failures else 0
+
+    def _clock(self):
+        if time.time() >= self.deadline:
+            raise Stopped("budget spent")
+
+    def _body(self, name: str, last: dict):
+        """The test body of property `name`: reads the clock, counts the example, keeps the
+        problem, targets and records the metrics, keeps the summary current."""
+        from hypothesis import target
+
+        from properties.checks import run
+
+        def body(problem):
+            self._clock()
+            self.examples[name] += 1
+            last["problem"] = problem
+            last.setdefault("first", self.examples[name])  # the run's first example's number
+            start = time.time()
             try:
-                test()
-            except Exception as e:
-                if "problem" not in last:  # the harness itself broke: not a kernel failure
-                    raise
-                # the shrunk failure: its example ran last
-                failures[name] = _write_reproducer(out, name, last["problem"], e, backend,
-                                                   planted)
-                print(f"FAIL {name}: reproducer {failures[name]}", flush=True)
-    summary = _summary(examples, worst, failures, rounds, minutes, backend, planted)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary, indent=2))
-    return 1 if failures else 0
+                for label, value in run(name, problem, self.backend).items():
+                    target(value, label=label)
+                    self.worst[name][label] = max(self.worst[name].get(label, 0.0), value)
+            except Exception:
+                last.setdefault("first_failure", self.examples[name] - last["first"] + 1)
+                raise
+            finally:
+                self.longest = max(self.longest, time.time() - start)
+                self.write_summary()
+
+        # the example database is keyed by the test function's name: one per property, the same
+        # in every worker, so that each replays what any worker stored
+        body.__name__ = body.__qualname__ = f"fuzz_{name}_{self.backend}"
+        return body
+
+    def _failed(self, name: str, last: dict, error: BaseException):
+        path = self.out / f"{name}.npz"
+        last["problem"].save(path, name)
+        command = f"python -m properties.replay {path} --backend {self.backend}"
+        if self.planted:
+            command += f" --mutant {self.planted}"
+        text = "".join(traceback.format_exception_only(type(error), error))
+        (self.out / f"{name}.txt").write_text(f"property: {name}\nreplay: {command}\n\n{text}")
+        # first_failure: which example of the run that found it failed first (1: the first one
+        # it ran, as where the database hands it a stored failure)
+        self.failures[name] = dict(replay=command, reproducer=str(path),
+                                   first_failure=last.get("first_failure"))
+        print(f"FAIL {name}: reproducer {path}", flush=True)
+        self.write_summary(force=True)
+
+    def summary(self) -> dict:
+        return {
+            "worker": self.index, "node": socket.gethostname(), "pid": os.getpid(),
+            "device": os.environ.get("CUDA_VISIBLE_DEVICES"), "seed": self.seed,
+            "backend": self.backend, "state": self.state, "rounds": self.rounds,
+            "planted_mutant": self.planted, "examples": sum(self.examples.values()),
+            "examples_per_property": self.examples, "longest_example_s": self.longest,
+            "worst_per_property": self.worst, "failures": self.failures,
+            "reach": self.record.as_dict(),
+        }
+
+    def write_summary(self, force: bool = False):
+        """summary.json, replaced atomically (a reader never sees half a file); at most every
+        SUMMARY_EVERY seconds unless forced."""
+        now = time.time()
+        if not force and now - self.written < SUMMARY_EVERY:
+            return
+        self.written = now
+        part = self.out / f"summary.json.{os.getpid()}.part"
+        part.write_text(json.dumps(self.summary(), indent=1))
+        part.replace(self.out / "summary.json")
 
 
-def _body(name: str, backend: str, last: dict, examples: dict, worst: dict):
-    """The test body of property `name`: counts examples, keeps the last problem, targets and
-    records the metrics."""
-    from hypothesis import target
-
-    from properties.checks import run
-
-    def body(problem):
-        examples[name] += 1
-        last["problem"] = problem
-        for label, value in run(name, problem, backend).items():
-            target(value, label=label)
-            worst[label] = max(worst.get(label, 0.0), value)
-
-    # the example database is keyed by the test function's name: one per property
-    body.__name__ = body.__qualname__ = f"fuzz_{name}_{backend}"
-    return body
+def _stop_on_signals():
+    """SIGTERM and SIGINT raise Stopped where the worker is (between or inside examples)."""
+    def stop(signum, frame):
+        raise Stopped(f"stopped by {signal.Signals(signum).name}")
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
 
 
-def _write_reproducer(out: Path, name: str, problem, error: BaseException, backend: str,
-                      planted: str | None) -> str:
-    path = out / f"{name}.npz"
-    problem.save(path, name)
-    command = f"python -m properties.replay {path} --backend {backend}"
-    if planted:
-        command += f" --mutant {planted}"
-    text = "".join(traceback.format_exception_only(type(error), error))
-    (out / f"{name}.txt").write_text(f"property: {name}\nreplay: {command}\n\n{text}")
-    return command
+def worker_main(args) -> int:
+    os.environ["HYPOTHESIS_PROFILE"] = "nightly"  # the strategies' size caps follow it
+    from properties.profiles import register_profiles
+    register_profiles()
+    out = args.out / "workers" / str(args.worker)
+    try:
+        database = open_database(args.database)
+    except (ConnectionError, ImportError) as e:
+        print(f"worker {args.worker}: {e}; stopping (a worker never fuzzes alone)",
+              file=sys.stderr, flush=True)
+        return EXIT_DATABASE
+    _stop_on_signals()
+    return Worker(args.worker, out, args.backend, args.properties, args.round, args.deadline,
+                  database, args.seed, args.planted).run()
 
 
-def _summary(examples, worst, failures, rounds, minutes, backend, planted) -> dict:
+# --------------------------------------------------------------------------------------------
+# The fleet
+
+
+def devices(backend: str, listed: str | None) -> list[str | None]:
+    """The devices workers are pinned to: `listed` (comma-separated ids, e.g. to name devices
+    the process cannot see), else on the GPU each visible one, on the interpreter none."""
+    if listed:
+        return listed.split(",")
+    if backend != "gpu":
+        return [None]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    import cupy
+    return [str(d) for d in range(cupy.cuda.runtime.getDeviceCount())]
+
+
+def fleet(args) -> int:
+    from properties.checks import resolve_backend
+    backend = resolve_backend(args.backend)
+    out = args.out.resolve()
+    database = args.database or str(out / "hypothesis-db")
+    try:
+        open_database(database)
+    except (ConnectionError, ImportError) as e:
+        print(f"fuzz: {e}", file=sys.stderr)
+        return EXIT_DATABASE
+    pins = devices(backend, args.devices)
+    count = args.workers or (len(pins) * args.per_gpu if backend == "gpu" and pins != [None]
+                             else os.cpu_count() or 1)
+    deadline = time.time() + 60.0 * args.minutes
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i in range(count):
+        pin = pins[i % len(pins)]
+        env = dict(os.environ) | ({} if pin is None else {"CUDA_VISIBLE_DEVICES": pin})
+        command = [sys.executable, "-m", "properties.fuzz", "--worker", str(i), "--deadline",
+                   repr(deadline), "--backend", backend, "--out", str(out), "--database",
+                   database, "--seed", str(seed + i), "--round", str(args.round),
+                   "--properties", *args.properties]
+        if args.planted:
+            command += ["--planted", args.planted]
+        (out / "workers" / str(i)).mkdir(parents=True, exist_ok=True)
+        log = open(out / "workers" / str(i) / "log.txt", "w")
+        procs.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True), log))
+    print(f"fuzz: {count} workers on {backend} "
+          f"({'devices ' + ','.join(p for p in pins if p) if pins != [None] else 'no pinning'}),"
+          f" database {database}, until {time.strftime('%H:%M:%S', time.localtime(deadline))}",
+          flush=True)
+    stopping = []
+
+    def stop(signum, frame):
+        stopping.append(signal.Signals(signum).name)
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _wait(procs, deadline + GRACE_SECONDS[backend], stopping)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for _, log in procs:
+            log.close()
+    summary = merge(out, [p.returncode for p, _ in procs], backend, args.reach)
+    summary["stopped_by"] = stopping[0] if stopping else None
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k != "reach_missing"}, indent=1))
+    return 1 if summary["failures"] or summary["workers_failed"] else 0
+
+
+def _wait(procs, last: float, stopping: list):
+    """Wait for every worker: SIGTERM to all once a signal asks the fleet to stop or `last`
+    passes, SIGKILL to those still running STOP_SECONDS later."""
+    terminated = None
+    while any(p.poll() is None for p, _ in procs):
+        now = time.time()
+        if terminated is None and (stopping or now >= last):
+            terminated = now
+            for p, _ in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+        elif terminated is not None and now - terminated >= STOP_SECONDS:
+            for p, _ in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.2)
+
+
+def merge(out: Path, returncodes: list[int], backend: str, reach: bool) -> dict:
+    """The fleet's report from each worker's summary.json and exit status (0: passed, 1: found a
+    failure; anything else: the worker failed, e.g. killed or unable to reach the database)."""
+    workers, failures, per_property, worst = [], {}, {}, {}
+    launched: dict[str, dict[str, int]] = {}
+    sm_counts: set[int] = set()
+    for i, rc in enumerate(returncodes):
+        path = out / "workers" / str(i) / "summary.json"
+        s = json.loads(path.read_text()) if path.exists() else {}
+        workers.append(dict(worker=i, node=s.get("node"), device=s.get("device"),
+                            seed=s.get("seed"), exit=rc, state=s.get("state", "no summary"),
+                            examples=s.get("examples", 0),
+                            longest_example_s=s.get("longest_example_s")))
+        for name, n in s.get("examples_per_property", {}).items():
+            per_property[name] = per_property.get(name, 0) + n
+        for name, labels in s.get("worst_per_property", {}).items():
+            for label, value in labels.items():
+                worst.setdefault(name, {})[label] = max(worst.get(name, {}).get(label, 0.0), value)
+        for name, found in s.get("failures", {}).items():
+            failures.setdefault(name, []).append(dict(found, worker=i, node=s.get("node")))
+        for c, counts in s.get("reach", {}).get("launched", {}).items():
+            for prop, n in counts.items():
+                launched.setdefault(c, {})[prop] = launched.get(c, {}).get(prop, 0) + n
+        sm_counts |= set(s.get("reach", {}).get("sm_counts", []))
+
     def top(kind):
-        values = [v for w in worst.values() for k, v in w.items() if k.endswith(kind)]
-        return max(values, default=0.0)
-    return {
-        "backend": backend, "minutes": minutes, "rounds": rounds, "planted_mutant": planted,
-        "examples": sum(examples.values()), "examples_per_property": examples,
+        return max((v for w in worst.values() for k, v in w.items() if k.endswith(kind)),
+                   default=0.0)
+    summary = {
+        "backend": backend, "workers": workers,
+        "workers_failed": [w["worker"] for w in workers if w["exit"] not in (0, 1)],
+        "examples": sum(per_property.values()), "examples_per_property": per_property,
         "worst_err_over_uM": top("err/(u*M)"), "worst_err_over_bound": top("err/bound"),
         "worst_per_property": worst, "failures": failures,
+        "reach_launched": len(launched),
     }
+    if reach and launched:
+        from properties.profiles import CAPS
+        from properties.reach import reachable
+        reachable_classes = frozenset.intersection(
+            *(reachable(CAPS["nightly"], n) for n in sm_counts or {1}))
+        missing = sorted(reachable_classes - set(launched))
+        summary |= {"reach_reachable": len(reachable_classes), "reach_missing": missing}
+    return summary
 
 
 def main(argv=None) -> int:
@@ -118,25 +370,46 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path(".fuzz"))
     parser.add_argument("--properties", nargs="*", help="names (default: all)")
     parser.add_argument("--round", type=int, default=50, help="examples per property per round")
+    parser.add_argument("--workers", type=int,
+                        help="worker processes (default: per GPU x --per-gpu; on the "
+                             "interpreter one per core)")
+    parser.add_argument("--per-gpu", type=int, default=1, help="workers per GPU")
+    parser.add_argument("--devices", help="comma-separated device ids to pin workers to "
+                                          "(default: every visible GPU)")
+    parser.add_argument("--database", help="PATH or redis://HOST:PORT/DB (default: "
+                                           "OUT/hypothesis-db)")
+    parser.add_argument("--seed", type=int, help="the first worker's seed (default: random)")
+    parser.add_argument("--no-reach", dest="reach", action="store_false",
+                        help="skip the report's classes of launch reachable at the nightly caps "
+                             "that no worker launched (a minute to derive, once per version)")
     parser.add_argument("--mutant", help="plant this catalogue bug first (a demonstration)")
     parser.add_argument("--planted", help=argparse.SUPPRESS)  # set by --mutant's re-run
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by the fleet
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)  # set by the fleet
     args = parser.parse_args(argv)
-    if args.mutant:
+    if args.worker is not None:
+        return worker_main(args)
+    if args.mutant:  # the same command in a copy of the tree elsewhere: paths made absolute
         from properties.mutants import run_planted
-        rest = ["-m", "properties.fuzz", "--minutes", str(args.minutes), "--backend",
-                args.backend, "--out", str(args.out.resolve()), "--round", str(args.round),
-                "--planted", args.mutant]
-        if args.properties:
-            rest += ["--properties", *args.properties]
-        return run_planted(args.mutant, rest)
-    os.environ["HYPOTHESIS_PROFILE"] = "nightly"  # the strategies' size caps follow it
-    from properties.checks import PROPERTIES, resolve_backend
+        database = args.database
+        if database and not database.startswith(("redis://", "rediss://")):
+            database = str(Path(database).resolve())
+        rest = ["--minutes", str(args.minutes), "--backend", args.backend, "--out",
+                str(args.out.resolve()), "--round", str(args.round), "--per-gpu",
+                str(args.per_gpu), "--planted", args.mutant]
+        for flag, value in (("--workers", args.workers), ("--devices", args.devices),
+                            ("--database", database), ("--seed", args.seed)):
+            rest += [] if value is None else [flag, str(value)]
+        rest += [] if args.reach else ["--no-reach"]
+        rest += ["--properties", *args.properties] if args.properties else []
+        return run_planted(args.mutant, ["-m", "properties.fuzz", *rest])
+    from properties.checks import PROPERTIES
     names = args.properties or list(PROPERTIES)
     unknown = sorted(set(names) - set(PROPERTIES))
     if unknown:
         parser.error(f"unknown properties {unknown}; known: {sorted(PROPERTIES)}")
-    return fuzz(args.minutes, resolve_backend(args.backend), args.out, names, args.round,
-                args.planted)
+    args.properties = names
+    return fleet(args)
 
 
 if __name__ == "__main__":

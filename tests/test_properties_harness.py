@@ -139,7 +139,7 @@ def test_fuzzer_reproducer_of_planted_bug_replays(tmp_path):
            "--mutant", "scan_causal_mask_off_by_one"]
     assert subprocess.run(run, cwd=REPO).returncode == 1
     summary = json.loads((out / "summary.json").read_text())
-    command = summary["failures"]["causal_prefix"].split()
+    command = summary["failures"]["causal_prefix"][0]["replay"].split()
     assert command[:3] == ["python", "-m", "properties.replay"]
     replay = [sys.executable, *command[1:]]
     assert subprocess.run(replay, cwd=REPO).returncode == 1  # the planted bug reproduces

@@ -1,0 +1,159 @@
+"""The nightly fuzz fleet on the CPU (properties/fuzz.py): the budget is kept and nothing found is
+lost (a signal or a killed worker leaves the summary of what ran), workers are pinned to the
+devices named, a worker that cannot reach the database stops, and workers share their failures
+through a real Redis server."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Past the budget, what a run may take beyond its longest example: the fleet's own start (Python
+# and the harness imported before the clock starts) and its end (the workers' exit, the merge),
+# on a loaded 2-core machine
+START_AND_END_SECONDS = 15.0
+
+
+def fleet(out: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "properties.fuzz", "--backend", "interpreter", "--out",
+            str(out), "--no-reach", *args]
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_the_budget_is_kept_per_example(tmp_path):
+    """6 s of a property whose round of 400 examples takes far longer on the interpreter (~0.1
+    s each): the clock is read before every example, not between rounds, so the run ends within
+    the budget plus its longest example (and its own start and end), with its summary."""
+    out = tmp_path / "fuzz"
+    start = time.time()
+    rc = subprocess.run(fleet(out, "--minutes", "0.1", "--workers", "1", "--round", "400",
+                              "--properties", "forward_tf32_bound"),
+                        cwd=REPO, capture_output=True).returncode
+    wall = time.time() - start
+    s = summary(out)
+    (worker,) = s["workers"]
+    assert rc == 0 and worker["state"] == "budget spent" and s["examples"] >= 1, s
+    assert wall <= 6.0 + worker["longest_example_s"] + START_AND_END_SECONDS, (wall, worker)
+
+
+def _wait_for_examples(out: Path, workers: int, timeout: float = 120.0) -> list[dict]:
+    """Each worker's summary once every worker has run an example."""
+    end = time.time() + timeout
+    while time.time() < end:
+        paths = [out / "workers" / str(i) / "summary.json" for i in range(workers)]
+        if all(p.exists() for p in paths):
+            found = [json.loads(p.read_text()) for p in paths]
+            if all(f["examples"] >= 1 for f in found):
+                return found
+        time.sleep(0.5)
+    raise AssertionError(f"the workers ran no example within {timeout} s")
+
+
+def test_a_signal_or_a_killed_worker_leaves_the_summary_of_what_ran(tmp_path):
+    """One worker killed (SIGKILL: it writes nothing more) is reported and the other goes on;
+    SIGTERM to the fleet stops the other cleanly; the report merges both, the killed one's
+    examples from the summary it kept current as it ran."""
+    out = tmp_path / "fuzz"
+    run = subprocess.Popen(fleet(out, "--minutes", "5", "--workers", "2", "--properties",
+                                 "chunk_cumsum_alone", "determinism"), cwd=REPO,
+                           stdout=subprocess.DEVNULL)
+    try:
+        found = _wait_for_examples(out, 2)
+        os.kill(found[1]["pid"], signal.SIGKILL)
+        time.sleep(1.0)
+        assert run.poll() is None  # the fleet goes on with worker 0
+        run.send_signal(signal.SIGTERM)
+        rc = run.wait(timeout=120)
+    finally:
+        run.kill()
+    s = summary(out)
+    assert rc == 1 and s["stopped_by"] == "SIGTERM" and s["workers_failed"] == [1], s
+    assert s["workers"][0]["state"] == "stopped by SIGTERM" and s["workers"][0]["exit"] == 0
+    assert s["workers"][1]["exit"] == -signal.SIGKILL and s["workers"][1]["examples"] >= 1
+    assert s["examples"] == sum(w["examples"] for w in s["workers"])
+
+
+def test_workers_are_pinned_to_the_devices_named_each_with_its_own_seed(tmp_path):
+    out = tmp_path / "fuzz"
+    rc = subprocess.run(fleet(out, "--minutes", "0.05", "--workers", "3", "--devices", "3,5",
+                              "--seed", "7", "--properties", "chunk_cumsum_alone"),
+                        cwd=REPO, capture_output=True).returncode
+    workers = summary(out)["workers"]
+    assert rc == 0
+    assert [w["device"] for w in workers] == ["3", "5", "3"]
+    assert [w["seed"] for w in workers] == [7, 8, 9]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_worker_that_cannot_reach_the_database_stops(tmp_path):
+    url = f"redis://127.0.0.1:{_free_port()}/0"  # nothing listens there
+    run = subprocess.run(fleet(tmp_path / "fuzz", "--minutes", "1", "--workers", "1",
+                               "--database", url), cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 3 and url in run.stderr and "cannot reach" in run.stderr
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A real redis-server on a free port, stopped at the end of the test."""
+    server = shutil.which("redis-server")
+    if server is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is missing: .ci/run installs it")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    port = _free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL)
+    import redis
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    try:
+        yield f"redis://127.0.0.1:{port}/0", client
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_worker_replays_another_workers_failure_from_redis_first(tmp_path, redis_url):
+    """A planted bug (D's term dropped: the simplest example, without D, passes it) found by one
+    worker is stored in Redis; a second worker, on another run, fails on the very first example
+    it runs, the first one's reproducer, before generating anything."""
+    url, client = redis_url
+    found = []
+    for run in ("first", "second"):
+        out = tmp_path / run
+        rc = subprocess.run(fleet(out, "--minutes", "3", "--workers", "1", "--database", url,
+                                  "--round", "20", "--properties", "forward_tf32_bound",
+                                  "--mutant", "D_term_dropped"),
+                            cwd=REPO, capture_output=True).returncode
+        (failure,) = summary(out)["failures"]["forward_tf32_bound"]
+        assert rc == 1, summary(out)
+        with np.load(failure["reproducer"]) as f:
+            found.append((failure["first_failure"], json.loads(str(f["meta"]))["spec"]))
+        if run == "first":
+            assert client.dbsize() > 0  # the failure went to the server
+    (first_at, first_spec), (second_at, second_spec) = found
+    assert first_at > 1  # generated: the simplest example passes
+    assert second_at == 1 and second_spec == first_spec  # replayed from Redis first
