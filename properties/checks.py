@@ -1226,10 +1226,11 @@ def _bad_value_problems(draw, strategy):
 
 def bad_value_examples() -> list[Problem]:
     """bad_values' explicit examples, run before its drawn ones: a per-channel D bad in its
-    last channel past chunk_cumsum's first 64-channel block, and packed offsets ending one token
-    short of seqlen, starting past 0 (with a zero A), and decreasing (two sequences overlap), and
-    of 300 sequences ending short, past chunk_cumsum's first block of offsets (BLOCK_CU), each
-    on the device's checks."""
+    last channel past chunk_cumsum's first 64-channel block; packed offsets ending one token
+    short of seqlen, starting past 0 (with a zero A; and alone, where the first sequence has
+    tokens, so that no decrease gives it away), decreasing (two sequences overlap), and of 300
+    sequences ending short, past chunk_cumsum's first block of offsets (BLOCK_CU), each on the
+    device's checks; and a bad dt_bias alone through chunk_cumsum alone, checked on the host."""
     wide = _per_channel_D(problem(spec_of(Dims(1, 40, 2, 80, 1, 8, 16), {})))
     packed = problem(spec_of(Dims(1, 70, 4, 8, 1, 8, 16), dict(D="head", dt_bias=True)))
     row = dict(path="packed", check_values=False, lengths=[0, 20, 5], seed=1)
@@ -1240,8 +1241,12 @@ def bad_value_examples() -> list[Problem]:
                                                  ["A", [0], 0.0]])),
             packed.replace(params=dict(row, lengths=[30, 20],
                                        bad=[["cu_seqlens", "decreasing", None]])),
+            packed.replace(params=dict(row, lengths=[20, 5],
+                                       bad=[["cu_seqlens", "start", None]])),
             problem(spec_of(Dims(1, 300, 1, 8, 1, 8, 16), {})).replace(params=dict(
-                row, lengths=[1] * 299, bad=[["cu_seqlens", "end_short", None]]))]
+                row, lengths=[1] * 299, bad=[["cu_seqlens", "end_short", None]])),
+            packed.replace(params=dict(path="chunk_cumsum", check_values=True,
+                                       bad=[["dt_bias", [3], math.nan]]))]
 
 
 def _per_channel_D(p: Problem) -> Problem:
