@@ -100,7 +100,7 @@ class ForwardPart(NamedTuple):
 
 
 def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=(),
-                      state_itemsize: int = 4, *, layouts=None) -> int:
+                      state_itemsize: int = 4, *, layouts=None, route=None) -> int:
     """How many batch slices ssd_forward runs concurrently (see BATCH_PARTS): on a GPU of
     `sm_count` SMs, an even batch whose in-order fwd_pass_state grid exceeds SPLIT_MIN_WAVES
     programs per SM and whose second slice starts 16-byte aligned in every batch-first array
@@ -108,8 +108,10 @@ def rules_batch_parts(dims, kind: str, itemsize: int, sm_count: int, given=(),
     TMA loads). `itemsize`: the activations' (x, B, C, z, y); `given`: the optional batch-first
     arrays passed (z, initial_states, seq_idx); `state_itemsize`: the chunk states';
     `layouts`: (batch stride in elements, item size) of each input by name where it is not a
-    C-contiguous array of those item sizes (strided views, 16-bit dt or initial_states)."""
-    if kind == "numpy" or dims.batch % BATCH_PARTS or _scans(dims, sm_count):
+    C-contiguous array of those item sizes (strided views, 16-bit dt or initial_states);
+    `route`: the call's (ROUTES; None: the rules', judged by _scans)."""
+    scans = route == "scan" or (route is None and _scans(dims, sm_count))
+    if kind == "numpy" or dims.batch % BATCH_PARTS or scans:
         return 1
     programs = in_order_programs(dims.batch, dims.nheads, dims.headdim, dims.dstate)
     if programs <= SPLIT_MIN_WAVES * sm_count:
@@ -521,7 +523,7 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
                                                                    tuned=table, route=route))
                   for part in forward_parts(arrays, backend.sm_count,
                                             _parts(dims, backend, x, slots, batch_parts,
-                                                   states)))
+                                                   states, route)))
     needs = tuple(dict.fromkeys((name, rows) for part in parts for launch in part
                                 for _, name, rows in launch.arrays))
     # the outputs the launches write (the scan takes no chunk_states), y and final_states always
@@ -530,10 +532,10 @@ def build_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
     return LaunchPlan(backend, tuple(copies), outputs, parts, needs)
 
 
-def _parts(dims, backend, x, slots: dict, batch_parts, states: str) -> int:
+def _parts(dims, backend, x, slots: dict, batch_parts, states: str, route) -> int:
     """The batch slices of a call: `batch_parts` where given, else rules_batch_parts' count
     (`slots`: the stand-ins of the inputs passed, seq_idx's as "seg"; `states`: the chunk
-    states' dtype name)."""
+    states' dtype name; `route`: the call's)."""
     if batch_parts is None:
         optional = [n for n in ("z", "initial_states", "seq_idx")
                     if ("seg" if n == "seq_idx" else n) in slots]
@@ -541,7 +543,7 @@ def _parts(dims, backend, x, slots: dict, batch_parts, states: str) -> int:
         layouts = {name: (slot.stride()[0], ITEMSIZES[slot.dtype])
                    for name, slot in slots.items() if len(slot.shape) > 1 and name != "seg"}
         batch_parts = rules_batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
-                                        optional, state_itemsize, layouts=layouts)
+                                        optional, state_itemsize, layouts=layouts, route=route)
     return min(batch_parts, dims.batch)
 
 
@@ -555,6 +557,8 @@ def launch_plan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
                 seq_idx=None, dt_softplus=False, dt_limit=(0.0, math.inf),
                 batch_parts=None, state_dtype=None, *, route=None) -> LaunchPlan:
     """build_plan's plan for these arguments, built once per signature (plan_key) and kept."""
+    _check_batch_parts(batch_parts)  # before the key: a key holds only what these checks pass
+    _check_route(route)
     key = plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                    dt_softplus, dt_limit, batch_parts, state_dtype, route=route)
     plan = _PLANS.get(key) if key is not None else None
@@ -575,8 +579,9 @@ def plan_key(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
     device (the device fixes the SM count), chunk_size and batch_parts with their types (256 and
     numpy's 256 are told apart: a plan holds for arguments its checks passed), dt_softplus as
     the launchers read it (bool), dt_limit (checked floats), state_dtype (a dtype object by its
-    type and name), the route (checked: a str or None) and the tuned table's version; None where
-    an array is of no supported type (no plan is kept: build_plan refuses it)."""
+    type and name), the route and the tuned table's version (batch_parts and route checked by
+    the caller: hashable); None where an array is of no supported type (no plan is kept:
+    build_plan refuses it)."""
     arrays = []
     for a in (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx):
         if a is None:

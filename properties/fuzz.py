@@ -5,8 +5,9 @@ worker processes that share one example database.
     python -m properties.fuzz --minutes 30 --backend gpu --database redis://HOST:6379/0
 
 The first runs one worker per visible GPU (times `--per-gpu`; on the interpreter one per core;
-`--workers N` to choose), each pinned to its device (CUDA_VISIBLE_DEVICES), each with its own
-seed, all sharing the node's compile cache and the example database: a directory
+`--workers N` to choose), each pinned to its device (CUDA_VISIBLE_DEVICES), each drawing its own
+examples (Hypothesis seeds every run from fresh entropy; an explicit seed would keep it from the
+database), all sharing the node's compile cache and the example database: a directory
 (`--database PATH`, default OUT/hypothesis-db; shared storage for several nodes) or a Redis
 server (`redis://HOST:PORT/DB`, through Hypothesis' RedisExampleDatabase). The same command on
 several nodes with the same Redis URL makes one fleet: every worker replays what any worker found
@@ -33,9 +34,10 @@ that the fleet finds, shrinks and writes a failure that the replayer reproduces.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,11 +53,29 @@ STOP_SECONDS = 10.0
 # how often a worker rewrites its summary while examples pass
 SUMMARY_EVERY = 2.0
 EXIT_DATABASE = 3  # a worker's status where it cannot reach the database
+EXIT_BROKEN = 4  # a worker's status where the harness itself failed (not a kernel)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class Stopped(BaseException):
+class Stopped(KeyboardInterrupt):
     """The budget is spent or a signal asked the worker to stop: raised in a test's body, it ends
-    Hypothesis' run at once (a BaseException: not a failure, nothing shrunk)."""
+    Hypothesis' run at once, as Ctrl-C does: not a failure, nothing shrunk, nothing stored in the
+    database."""
+
+
+class Broken(KeyboardInterrupt):
+    """The worker's own machinery failed inside a test's body (its summary could not be
+    written): it ends Hypothesis' run at once without counting as a kernel failure."""
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGTERM and SIGINT wait until the block ends: a file is written whole or not at all."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -73,6 +93,7 @@ def open_database(spec: str):
         try:
             client.ping()
         except redis.RedisError as e:
+            client.close()
             raise ConnectionError(f"--database {spec}: cannot reach the server ({e})") from None
         return RedisExampleDatabase(client)
     from hypothesis.database import DirectoryBasedExampleDatabase
@@ -88,10 +109,10 @@ class Worker:
     summary kept in `out`/summary.json."""
 
     def __init__(self, index: int, out: Path, backend: str, names: list[str], per_round: int,
-                 deadline: float, database, seed: int, planted: str | None):
+                 deadline: float, database, planted: str | None):
         self.index, self.out, self.backend, self.names = index, out, backend, names
         self.per_round, self.deadline, self.database = per_round, deadline, database
-        self.seed, self.planted = seed, planted
+        self.planted = planted
         self.examples = {n: 0 for n in names}
         self.worst: dict[str, dict[str, float]] = {n: {} for n in names}
         self.failures: dict[str, dict] = {}
@@ -103,11 +124,12 @@ class Worker:
         self.record = Record()
 
     def run(self) -> int:
+        """0: every property held; 1: a property failed (its reproducer written); EXIT_BROKEN:
+        the harness failed. Stopped (the budget, a signal) ends it as it is."""
         from hypothesis import given, settings
 
         from properties.checks import PROPERTIES
         self.out.mkdir(parents=True, exist_ok=True)
-        random.seed(self.seed)  # Hypothesis draws each run's seed from `random`
         base = settings(settings.get_profile("nightly"), max_examples=self.per_round,
                         database=self.database, report_multiple_bugs=False)
         try:
@@ -122,15 +144,21 @@ class Worker:
                     try:
                         with self.record.recording(name):
                             test()
-                    except Exception as e:
-                        if "problem" not in last:  # the harness itself broke: no kernel failure
+                    except Stopped:
+                        if "failing" in last:  # stopped while shrinking: the smallest so far
+                            self._failed(name, last, shrunk=False)
+                        raise
+                    except Exception:
+                        if "failing" not in last:  # no example failed: the harness broke
                             raise
-                        self._failed(name, last, e)  # the shrunk failure: its example ran last
+                        self._failed(name, last, shrunk=True)  # the shrunk failure ran last
             self.state = "every property failed"
         except Stopped as stop:
-            self.state = str(stop)
-        finally:
-            self.write_summary(force=True)
+            self.state = str(stop) or "stopped"
+        except (Exception, Broken) as e:
+            self.state = f"broken: {type(e).__name__}: {e}"
+            traceback.print_exc()
+            return EXIT_BROKEN
         return 1 if self.failures else 0
 
     def _clock(self):
@@ -139,7 +167,8 @@ class Worker:
 
     def _body(self, name: str, last: dict):
         """The test body of property `name`: reads the clock, counts the example, keeps the
-        problem, targets and records the metrics, keeps the summary current."""
+        problem (and the last failing one), targets and records the metrics, keeps the summary
+        current."""
         from hypothesis import target
 
         from properties.checks import run
@@ -147,44 +176,53 @@ class Worker:
         def body(problem):
             self._clock()
             self.examples[name] += 1
-            last["problem"] = problem
             last.setdefault("first", self.examples[name])  # the run's first example's number
             start = time.time()
             try:
                 for label, value in run(name, problem, self.backend).items():
                     target(value, label=label)
                     self.worst[name][label] = max(self.worst[name].get(label, 0.0), value)
-            except Exception:
+            except Exception as e:
                 last.setdefault("first_failure", self.examples[name] - last["first"] + 1)
+                last["failing"], last["error"] = problem, e
                 raise
             finally:
                 self.longest = max(self.longest, time.time() - start)
-                self.write_summary()
+                try:
+                    self.write_summary()
+                except OSError as e:  # the worker's disk, not the kernel: no failure of it
+                    raise Broken(f"cannot write the summary: {e}") from e
 
-        # the example database is keyed by the test function's name: one per property, the same
-        # in every worker, so that each replays what any worker stored
         body.__name__ = body.__qualname__ = f"fuzz_{name}_{self.backend}"
+        # Hypothesis keys the database by the function's source, the same for every property:
+        # the property's name sets each its own key, the same in every worker, so that each
+        # replays what any worker stored for it
+        body._hypothesis_internal_add_digest = f"{name}:{self.backend}".encode()
         return body
 
-    def _failed(self, name: str, last: dict, error: BaseException):
+    def _failed(self, name: str, last: dict, shrunk: bool):
+        """Write the failure of property `name` (the last failing example of `last`) at once."""
         path = self.out / f"{name}.npz"
-        last["problem"].save(path, name)
         command = f"python -m properties.replay {path} --backend {self.backend}"
         if self.planted:
             command += f" --mutant {self.planted}"
+        error = last["error"]
         text = "".join(traceback.format_exception_only(type(error), error))
-        (self.out / f"{name}.txt").write_text(f"property: {name}\nreplay: {command}\n\n{text}")
-        # first_failure: which example of the run that found it failed first (1: the first one
-        # it ran, as where the database hands it a stored failure)
-        self.failures[name] = dict(replay=command, reproducer=str(path),
-                                   first_failure=last.get("first_failure"))
+        with _signals_held():
+            last["failing"].save(path, name)
+            (self.out / f"{name}.txt").write_text(
+                f"property: {name}\nreplay: {command}\nshrunk: {shrunk}\n\n{text}")
+            # first_failure: which example of the run that found it failed first (1: the first
+            # one it ran, as where the database hands it a stored failure)
+            self.failures[name] = dict(replay=command, reproducer=str(path), shrunk=shrunk,
+                                       first_failure=last.get("first_failure"))
         print(f"FAIL {name}: reproducer {path}", flush=True)
         self.write_summary(force=True)
 
     def summary(self) -> dict:
         return {
             "worker": self.index, "node": socket.gethostname(), "pid": os.getpid(),
-            "device": os.environ.get("CUDA_VISIBLE_DEVICES"), "seed": self.seed,
+            "device": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "backend": self.backend, "state": self.state, "rounds": self.rounds,
             "planted_mutant": self.planted, "examples": sum(self.examples.values()),
             "examples_per_property": self.examples, "longest_example_s": self.longest,
@@ -200,16 +238,17 @@ class Worker:
             return
         self.written = now
         part = self.out / f"summary.json.{os.getpid()}.part"
-        part.write_text(json.dumps(self.summary(), indent=1))
-        part.replace(self.out / "summary.json")
+        with _signals_held():
+            part.write_text(json.dumps(self.summary(), indent=1))
+            part.replace(self.out / "summary.json")
 
 
 def _stop_on_signals():
     """SIGTERM and SIGINT raise Stopped where the worker is (between or inside examples)."""
     def stop(signum, frame):
         raise Stopped(f"stopped by {signal.Signals(signum).name}")
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    for s in STOP_SIGNALS:
+        signal.signal(s, stop)
 
 
 def worker_main(args) -> int:
@@ -223,9 +262,15 @@ def worker_main(args) -> int:
         print(f"worker {args.worker}: {e}; stopping (a worker never fuzzes alone)",
               file=sys.stderr, flush=True)
         return EXIT_DATABASE
+    worker = Worker(args.worker, out, args.backend, args.properties, args.round, args.deadline,
+                    database, args.planted)
     _stop_on_signals()
-    return Worker(args.worker, out, args.backend, args.properties, args.round, args.deadline,
-                  database, args.seed, args.planted).run()
+    try:
+        return worker.run()
+    finally:
+        for s in STOP_SIGNALS:  # the last summary is written whatever comes now
+            signal.signal(s, signal.SIG_IGN)
+        worker.write_summary(force=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,78 +302,96 @@ def fleet(args) -> int:
         print(f"fuzz: {e}", file=sys.stderr)
         return EXIT_DATABASE
     pins = devices(backend, args.devices)
+    if not pins:
+        print("fuzz: no GPU is visible to pin workers to", file=sys.stderr)
+        return EXIT_BROKEN
     count = args.workers or (len(pins) * args.per_gpu if backend == "gpu" and pins != [None]
                              else os.cpu_count() or 1)
     deadline = time.time() + 60.0 * args.minutes
-    seed = args.seed if args.seed is not None else random.randrange(2**31)
-    out.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for i in range(count):
-        pin = pins[i % len(pins)]
-        env = dict(os.environ) | ({} if pin is None else {"CUDA_VISIBLE_DEVICES": pin})
-        command = [sys.executable, "-m", "properties.fuzz", "--worker", str(i), "--deadline",
-                   repr(deadline), "--backend", backend, "--out", str(out), "--database",
-                   database, "--seed", str(seed + i), "--round", str(args.round),
-                   "--properties", *args.properties]
-        if args.planted:
-            command += ["--planted", args.planted]
-        (out / "workers" / str(i)).mkdir(parents=True, exist_ok=True)
-        log = open(out / "workers" / str(i) / "log.txt", "w")
-        procs.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True), log))
-    print(f"fuzz: {count} workers on {backend} "
-          f"({'devices ' + ','.join(p for p in pins if p) if pins != [None] else 'no pinning'}),"
-          f" database {database}, until {time.strftime('%H:%M:%S', time.localtime(deadline))}",
-          flush=True)
-    stopping = []
+    shutil.rmtree(out / "workers", ignore_errors=True)  # an earlier run's workers are not ours
+    stopping: list[str] = []
 
     def stop(signum, frame):
         stopping.append(signal.Signals(signum).name)
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    procs, logs, overran = [], [], set()
     try:
-        _wait(procs, deadline + GRACE_SECONDS[backend], stopping)
+        for i in range(count):
+            if stopping:
+                break
+            pin = pins[i % len(pins)]
+            env = dict(os.environ) | ({} if pin is None else {"CUDA_VISIBLE_DEVICES": pin})
+            command = [sys.executable, "-m", "properties.fuzz", "--worker", str(i),
+                       "--deadline", repr(deadline), "--backend", backend, "--out", str(out),
+                       "--database", database, "--round",
+                       str(args.round), "--properties", *args.properties]
+            if args.planted:
+                command += ["--planted", args.planted]
+            (out / "workers" / str(i)).mkdir(parents=True)
+            logs.append(open(out / "workers" / str(i) / "log.txt", "w"))
+            procs.append(subprocess.Popen(command, env=env, stdout=logs[-1],
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        pinned = ",".join(p for p in pins if p) if pins != [None] else None
+        print(f"fuzz: {count} workers on {backend} "
+              f"({'devices ' + pinned if pinned else 'no pinning'}), database {database}, "
+              f"until {time.strftime('%H:%M:%S', time.localtime(deadline))}", flush=True)
+        overran = _wait(procs, deadline + GRACE_SECONDS[backend], stopping)
     finally:
+        for p in procs:  # an exception here leaves no worker behind
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         for s, handler in previous.items():
             signal.signal(s, handler)
-        for _, log in procs:
+        for log in logs:
             log.close()
-    summary = merge(out, [p.returncode for p, _ in procs], backend, args.reach)
+    summary = merge(out, [p.returncode for p in procs], backend, args.reach, overran)
     summary["stopped_by"] = stopping[0] if stopping else None
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    part = out / "summary.json.part"
+    part.write_text(json.dumps(summary, indent=1))
+    part.replace(out / "summary.json")
     print(json.dumps({k: v for k, v in summary.items() if k != "reach_missing"}, indent=1))
     return 1 if summary["failures"] or summary["workers_failed"] else 0
 
 
-def _wait(procs, last: float, stopping: list):
+def _wait(procs: list, last: float, stopping: list) -> set[int]:
     """Wait for every worker: SIGTERM to all once a signal asks the fleet to stop or `last`
-    passes, SIGKILL to those still running STOP_SECONDS later."""
-    terminated = None
-    while any(p.poll() is None for p, _ in procs):
+    passes, SIGKILL to those still running STOP_SECONDS later. The workers that ran past `last`
+    (they did not finish)."""
+    terminated, overran = None, set()
+    while any(p.poll() is None for p in procs):
         now = time.time()
         if terminated is None and (stopping or now >= last):
             terminated = now
-            for p, _ in procs:
+            for i, p in enumerate(procs):
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
+                    if not stopping:  # the fleet's budget and grace are spent, not a signal
+                        overran.add(i)
         elif terminated is not None and now - terminated >= STOP_SECONDS:
-            for p, _ in procs:
+            for p in procs:
                 if p.poll() is None:
                     p.kill()
         time.sleep(0.2)
+    return overran
 
 
-def merge(out: Path, returncodes: list[int], backend: str, reach: bool) -> dict:
-    """The fleet's report from each worker's summary.json and exit status (0: passed, 1: found a
-    failure; anything else: the worker failed, e.g. killed or unable to reach the database)."""
+def merge(out: Path, returncodes: list[int], backend: str, reach: bool,
+          overran: set[int] = frozenset()) -> dict:
+    """The fleet's report from each worker's summary.json and exit status. A worker failed
+    (workers_failed) where it exited otherwise than 0 (passed) or 1 with a failure written (a
+    property failed): killed, unable to reach the database, broken, or exit 1 without a failure
+    (an error outside the harness' handling); or where it ran past the grace (`overran`)."""
     workers, failures, per_property, worst = [], {}, {}, {}
     launched: dict[str, dict[str, int]] = {}
     sm_counts: set[int] = set()
     for i, rc in enumerate(returncodes):
         path = out / "workers" / str(i) / "summary.json"
         s = json.loads(path.read_text()) if path.exists() else {}
+        finished = (rc == 0 or (rc == 1 and bool(s.get("failures")))) and i not in overran
         workers.append(dict(worker=i, node=s.get("node"), device=s.get("device"),
-                            seed=s.get("seed"), exit=rc, state=s.get("state", "no summary"),
-                            examples=s.get("examples", 0),
+                            pid=s.get("pid"), exit=rc, finished=finished,
+                            state=s.get("state", "no summary"), examples=s.get("examples", 0),
                             longest_example_s=s.get("longest_example_s")))
         for name, n in s.get("examples_per_property", {}).items():
             per_property[name] = per_property.get(name, 0) + n
@@ -347,7 +410,7 @@ def merge(out: Path, returncodes: list[int], backend: str, reach: bool) -> dict:
                    default=0.0)
     summary = {
         "backend": backend, "workers": workers,
-        "workers_failed": [w["worker"] for w in workers if w["exit"] not in (0, 1)],
+        "workers_failed": [w["worker"] for w in workers if not w["finished"]],
         "examples": sum(per_property.values()), "examples_per_property": per_property,
         "worst_err_over_uM": top("err/(u*M)"), "worst_err_over_bound": top("err/bound"),
         "worst_per_property": worst, "failures": failures,
@@ -378,7 +441,6 @@ def main(argv=None) -> int:
                                           "(default: every visible GPU)")
     parser.add_argument("--database", help="PATH or redis://HOST:PORT/DB (default: "
                                            "OUT/hypothesis-db)")
-    parser.add_argument("--seed", type=int, help="the first worker's seed (default: random)")
     parser.add_argument("--no-reach", dest="reach", action="store_false",
                         help="skip the report's classes of launch reachable at the nightly caps "
                              "that no worker launched (a minute to derive, once per version)")
@@ -398,7 +460,7 @@ def main(argv=None) -> int:
                 str(args.out.resolve()), "--round", str(args.round), "--per-gpu",
                 str(args.per_gpu), "--planted", args.mutant]
         for flag, value in (("--workers", args.workers), ("--devices", args.devices),
-                            ("--database", database), ("--seed", args.seed)):
+                            ("--database", database)):
             rest += [] if value is None else [flag, str(value)]
         rest += [] if args.reach else ["--no-reach"]
         rest += ["--properties", *args.properties] if args.properties else []

@@ -160,8 +160,11 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
     parts = rules_batch_parts(dims, "cupy", ITEMSIZE[dtype], sm_count,
                               [name for name, on in optional.items() if on],
                               ITEMSIZE[opts.get("states", STATE_DTYPES[dtype])]) if split else 1
+    # the rules' route, and the chunks in parallel at any chunk size as an explicit route takes
+    # them (ssd_forward's route=; the rules run them from PARALLEL_MIN_CHUNK only)
     plans = forward_plan(arrays, sm_count, 1) + (
-        forward_plan(arrays, sm_count, parts) if parts > 1 else [])
+        forward_plan(arrays, sm_count, parts) if parts > 1 else []) + forward_plan(
+        arrays, sm_count, 1, route="chunks_parallel")
     if alone:
         plans.append([compute_out_launch(*arrays.compute_out_arrays(), sm_count,
                                          errors=arrays.errors)])
@@ -282,9 +285,8 @@ def test_every_kernel_object_is_compiled_with_every_option():
                     seen.setdefault((name, param), set()).add(arg)
     assert seen, "no boolean specialization found"
     for (name, param), values in seen.items():
-        if param == "PARALLEL_CHUNKS" and not name.endswith("_two_per_sm"):
-            # a mode, not an option: chunks go in parallel only in products of 128 tokens,
-            # which the two-per-SM objects run
+        if param == "HAS_CU_SEQLENS" and name.endswith("_int64"):
+            # a packed row runs with int32 indices only (its launches refuse 2^31 elements)
             assert values == {False}, f"{name}: {param} compiled as {values}"
         else:
             assert values == {False, True}, f"{name}: {param} only compiled as {values}"

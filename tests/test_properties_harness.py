@@ -175,7 +175,8 @@ def _bucket_of(spec: Spec) -> Bucket:
                   headdim=spec.headdim, dstate=spec.dstate, chunk_size=spec.chunk_size, D=spec.D,
                   z=spec.z, dt_mode=spec.dt_mode, dt_bias=spec.dt_bias, dt_limit=spec.dt_limit,
                   initial_states=spec.initial_states, seq_idx=spec.segments > 1, wide=False,
-                  layout=spec.layout, weights=spec.weights, narrow_A=spec.narrow_A)
+                  layout=spec.layout, weights=spec.weights, narrow_A=spec.narrow_A,
+                  route=spec.route, batch_parts=spec.batch_parts)
 
 
 def test_bucketed_specs_repeat_their_sizes_and_options_but_not_the_rest():

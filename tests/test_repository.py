@@ -9,7 +9,7 @@ NOT_OURS = {".git", ".venv", ".ext", ".device", ".hypothesis", ".fuzz", ".ruff_c
             ".pytest_cache", "__pycache__", "build"}
 TEXT = {".py", ".md", ".toml", ".txt", ".cfg", ".sh", ""}
 # paths of the machines the project grew on, never of a clone
-OUTSIDE = ("../shared", ".device/setup.sh", "/work/")
+OUTSIDE = ("../shared", ".device/setup.sh", "/work/", "/srv/", "/home/")
 README_MAX_LINES = 150
 
 
