@@ -1112,9 +1112,10 @@ def _bad_offsets(cu: np.ndarray, kind: str) -> np.ndarray:
 
 
 def _decreasing(cu: np.ndarray) -> int | None:
-    """The first k, neither the first nor the last offset's, with cu[k] < cu[k + 1] < the last
-    offset: swapping the two makes the offsets decrease there, and the sequences before and
-    after the swapped pair overlap (where it is None, no swap inside does)."""
+    """The first k with cu[k] < cu[k + 1] where neither k nor k + 1 is the first or the last
+    offset's index: swapping the two makes the offsets decrease there (the first and the last
+    offsets unchanged), and the sequence before the pair and the one after it then overlap on
+    cu[k] .. cu[k + 1]; None where there is no such k."""
     return next((k for k in range(1, len(cu) - 2) if cu[k] < cu[k + 1]), None)
 
 
