@@ -184,6 +184,7 @@ class Worker:
                     self.worst[name][label] = max(self.worst[name].get(label, 0.0), value)
             except Exception as e:
                 last.setdefault("first_failure", self.examples[name] - last["first"] + 1)
+                last.setdefault("first_failing", problem)
                 last["failing"], last["error"] = problem, e
                 raise
             finally:
@@ -213,9 +214,10 @@ class Worker:
             (self.out / f"{name}.txt").write_text(
                 f"property: {name}\nreplay: {command}\nshrunk: {shrunk}\n\n{text}")
             # first_failure: which example of the run that found it failed first (1: the first
-            # one it ran, as where the database hands it a stored failure)
+            # one it ran, as where the database hands it a stored failure), and its spec
             self.failures[name] = dict(replay=command, reproducer=str(path), shrunk=shrunk,
-                                       first_failure=last.get("first_failure"))
+                                       first_failure=last.get("first_failure"),
+                                       first_failing_spec=last["first_failing"].spec)
         print(f"FAIL {name}: reproducer {path}", flush=True)
         self.write_summary(force=True)
 
