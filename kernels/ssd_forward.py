@@ -17,7 +17,7 @@ from contract import (ACTIVATION_DTYPES, check_cu_seqlens, check_dt_limit, check
                       contiguous_strides, dtype_name, element_strides, kernel_layout,
                       state_dtype_name, weight_dtypes)
 from kernels import errors, tuning_table
-from kernels.arrays import GRID_YZ_MAX, backend_of, check_grid
+from kernels.arrays import GRID_YZ_MAX, backend_of, check_grid, needs_int64
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
@@ -383,9 +383,6 @@ def _checked(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                               float_dtypes=weight_dtypes(x), activation_dtypes=ACTIVATION_DTYPES,
                               check_values=False)
     check_grid(dims.batch, dims.nheads)
-    if route == "scan" and not scan_fits(dims.dstate):
-        raise ValueError(f"route: the scan holds a dstate tile of at most {SCAN_MAX_DSTATE}, got "
-                         f"dstate {dims.dstate}")
     return backend, dims, check_dt_limit(dt_limit)
 
 
@@ -659,10 +656,11 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None, *,
                    a.y, a.final_states)
     if route is None and scan_runs(a.x, a.B, a.dt_out, scan_arrays, sm_count):
         route = "scan"
-    if route == "scan":
+    if route == "scan":  # asked for: refused where it cannot run, before anything is allocated
         if not scan_fits(int(a.B.shape[3]), scan_arrays):
-            raise ValueError("route: the scan indexes in int32 and holds a dstate tile of at "
-                             f"most {SCAN_MAX_DSTATE}: it cannot run this call")
+            raise ValueError(f"route: the scan holds a dstate tile of at most {SCAN_MAX_DSTATE} "
+                             f"and indexes in int32, got dstate {int(a.B.shape[3])} "
+                             f"({'int64' if needs_int64(*scan_arrays) else 'int32'} indices)")
         return [cumsum, ssd_scan_launch(*scan_arrays, sm_count, errors=a.errors,
                                         check_D=False)]
     return [
