@@ -99,7 +99,7 @@ def kernel_layout(a) -> bool:
     (torch, CuPy and NumPy alike: views of one projection, batch and token slices, token-major
     views; cuTile specializes each launch on the strides' divisibility and unit strides). A
     negative stride (a reversed NumPy or CuPy view) is copied to C-contiguous first (a named
-    copy of the launch plan)."""
+    copy of the call's plan: kernels.plan)."""
     return all(s >= 0 for s in element_strides(a))
 
 

@@ -103,7 +103,8 @@ def run_row(name: str, dtype: str, reps: int) -> dict:
     import torch
     import mamba_ssm.modules.mamba2 as module
     from kernels.ssd_combined import mamba_chunk_scan_combined as ours
-    from kernels.ssd_forward import launch_plan
+    from kernels.call import Call
+    from kernels.plan import plan_of
     theirs = module.mamba_chunk_scan_combined
     options, batch, seqlen = CONFIGS[name]
     torch.manual_seed(0)
@@ -113,8 +114,7 @@ def run_row(name: str, dtype: str, reps: int) -> dict:
     u = torch.randn(batch, seqlen, options["d_model"], device="cuda", dtype=narrow)
     with torch.no_grad():
         call = _capture(layer, u, module)
-        planned = inspect.signature(launch_plan).parameters
-        plan = launch_plan(**{k: v for k, v in call.items() if k in planned})
+        plan = plan_of(Call(**{k: v for k, v in call.items() if k in Call._fields}))
         times = {}
         for who, scan in (("mamba_ssm", theirs), ("cutile", ours)):
             module.mamba_chunk_scan_combined = scan

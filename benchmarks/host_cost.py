@@ -15,7 +15,6 @@ REPS calls behind L2 flushes (benchmarks.sweep.fed_gpu_time), the median of the 
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import time
 
@@ -55,7 +54,9 @@ def main():
     from benchmarks.sweep import fed_gpu_time
     from benchmarks.timing import cupy_flush
     from kernels import errors, ssd_forward
-    from kernels.ssd_forward import forward_launches, prepare_forward
+    from kernels.call import Call
+    from kernels.launches import forward_launches
+    from kernels.plan import plan_of
 
     a, chunk = row_inputs(SMALL), SMALL[-1]
     t = _torch(a)
@@ -66,8 +67,10 @@ def main():
     rows = {"default": call(a), "default, torch tensors": call(t),
             "check_values=True": call(a, check_values=True),
             "check_values=False": call(a, check_values=False)}
-    backend, parts, _, _ = prepare_forward(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk,
-                                           a["D"], None, None, None, None, False, (0.0, math.inf))
+    call_of = Call(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk, a["D"])
+    forward = plan_of(call_of)
+    backend = forward.backend
+    parts = forward.forward_parts(forward.arrays(call_of))
     word = errors.scratch_word(backend)
     plan = [launch for arrays, sm_count in parts for launch in forward_launches(
         dataclasses.replace(arrays, errors=word), sm_count)]

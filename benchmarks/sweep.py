@@ -494,12 +494,15 @@ def tune_row(name, results):
     take is marked `rules`, the fastest `best`, a choice that failed (to compile) `FAILED`."""
     import kernels
     from kernels.compute_out import Choice, compute_out_signature, rules_choice
-    from kernels.ssd_forward import prepare_forward
+    from kernels.call import Call
+    from kernels.plan import plan_of
     config = ANCHORS[name]
     inp = row_inputs(config)
     args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], config[-1], inp["D"], None, None,
             None, None, False, (0.0, math.inf))
-    _, parts, _, _ = prepare_forward(*args)
+    call = Call(*args[:7])
+    plan = plan_of(call)
+    parts = plan.forward_parts(plan.arrays(call))
     rules = {}  # signature -> the rules' choice
     for part in parts:
         arrays = part.arrays.compute_out_arrays()

@@ -123,6 +123,13 @@ class Word:
         on (for NumPy, the copy itself)."""
         self.ring.copy_to_host(self.slot, self.stream)
 
+    def __enter__(self) -> Word:
+        return self
+
+    def __exit__(self, *exc):
+        """Closes the word around a call's launches, whether they were all queued or not."""
+        self.close()
+
 
 _RINGS: dict[tuple[str, int | None], _Ring] = {}
 _LOCK = threading.Lock()

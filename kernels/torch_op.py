@@ -2,17 +2,20 @@
 
 torch.compile traces a call as one node of its graph (no graph break): the fake implementation
 gives the outputs' shapes and dtypes without running anything, the real one is the forward's
-own (kernels.ssd_forward.run_forward, handed to `register` when kernels.ssd_forward is imported:
-this module sits below the forward and imports none of it; registering then, not on a first
-call, lets a first call that torch.compile traces find the op). Forward only: a backward through
-it raises a RuntimeError saying so, never a wrong gradient. Imported only where torch is
-installed (an optional dependency).
+own (kernels.ssd_forward.run, handed to `register` when kernels.ssd_forward is imported: this
+module sits below the forward; registering then, not on a first call, lets a first call that
+torch.compile traces find the op). The op's schema is the one place a call's arguments are
+flattened: the options checked (kernels.call.options), dt_limit as two floats. Forward only: a
+backward through it raises a RuntimeError saying so, never a wrong gradient. Imported only where
+torch is installed (an optional dependency).
 """
 
 from collections.abc import Callable
 from typing import Optional
 
 import torch
+
+from kernels.call import Call, options
 
 OP = "cutile_ssd::ssd_forward"
 
@@ -22,14 +25,14 @@ _CHECK = {code: value for value, code in CHECK_CODE.items()}
 _REGISTERED: list = []  # the op, once registered
 
 
-def register(run_forward: Callable):
-    """Register torch.ops.cutile_ssd.ssd_forward with `run_forward` (ssd_forward's work:
-    (y, final_states)) as its implementation; once per process."""
+def register(run: Callable):
+    """Register torch.ops.cutile_ssd.ssd_forward with `run` (ssd_forward's work: a Call in, its
+    arrays by name out) as its implementation; once per process."""
     if not _REGISTERED:
-        _register(run_forward)
+        _register(run)
 
 
-def _register(run_forward: Callable):
+def _register(run: Callable):
     @torch.library.custom_op(OP, mutates_args=())
     def op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
            chunk_size: int, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
@@ -37,9 +40,11 @@ def _register(run_forward: Callable):
            seq_idx: Optional[torch.Tensor], dt_softplus: bool, dt_min: float, dt_max: float,
            check_values: int, batch_parts: int, state_dtype: str,
            route: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                           dt_softplus, (dt_min, dt_max), _CHECK[check_values],
-                           batch_parts or None, state_dtype or None, route or None)
+        arrays = run(Call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                          dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max),
+                          check_values=_CHECK[check_values], batch_parts=batch_parts or None,
+                          state_dtype=state_dtype or None, route=route or None))
+        return arrays["y"], arrays["final_states"]
 
     @op.register_fake
     def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
@@ -56,20 +61,32 @@ def _register(run_forward: Callable):
     _REGISTERED.append(torch.ops.cutile_ssd.ssd_forward)
 
 
-def ssd_forward(run_forward: Callable, x, dt, A, B, C, chunk_size, D, z, dt_bias,
-                initial_states, seq_idx, dt_softplus, dt_limit, check_values, batch_parts,
-                state_dtype: Optional[str], route: Optional[str]):
-    """(y, final_states): through the custom op where torch.compile traces the call or autograd
-    records it (its backward then refuses), else run_forward itself (the op's dispatch would only
-    add host time to an eager call). `state_dtype`: a dtype name, or None; `route`: one of
-    kernels.ssd_forward.ROUTES, or None."""
-    grad = torch.is_grad_enabled() and any(
-        a is not None and a.requires_grad for a in (x, dt, A, B, C, D, z, dt_bias, initial_states))
-    if not (grad or torch.compiler.is_compiling()):
-        return run_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                           dt_softplus, dt_limit, check_values, batch_parts, state_dtype, route)
-    lo, hi = dt_limit
-    return _REGISTERED[0](
-        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, bool(dt_softplus),
-        float(lo), float(hi), CHECK_CODE[check_values], batch_parts or 0, state_dtype or "",
-        route or "")
+def forward(run: Callable, call: Call) -> dict:
+    """A call of torch tensors: through the custom op where torch.compile traces it or autograd
+    records it (its backward then refuses), else `run` itself (the op's dispatch would only add
+    host time to an eager call). A packed row (cu_seqlens) has no op: refused by name where
+    either would need one. Arguments the op's schema cannot take (a chunk_size that is not an
+    int, an array that is not a tensor) run through `run`, which refuses them by name."""
+    c = call
+    tensors = (c.x, c.dt, c.A, c.B, c.C, c.D, c.z, c.dt_bias, c.initial_states)
+    requires_grad = any(isinstance(a, torch.Tensor) and a.requires_grad for a in tensors)
+    if c.cu_seqlens is not None:
+        if requires_grad:
+            raise ValueError("cu_seqlens: the packed forward is forward only; inputs that "
+                             "require grad are refused (no gradient would flow through y)")
+        if torch.compiler.is_compiling():
+            raise ValueError("cu_seqlens: the packed forward has no torch.compile op; call it "
+                             "outside the compiled region")
+        return run(call)
+    flat = isinstance(c.chunk_size, int) and all(
+        a is None or isinstance(a, torch.Tensor) for a in (*tensors, c.seq_idx))
+    grad = torch.is_grad_enabled() and requires_grad
+    if not flat or not (grad or torch.compiler.is_compiling()):
+        return run(call)
+    checked = options(call)
+    lo, hi = checked.dt_limit
+    y, final_states = _REGISTERED[0](
+        c.x, c.dt, c.A, c.B, c.C, c.chunk_size, c.D, c.z, c.dt_bias, c.initial_states, c.seq_idx,
+        checked.dt_softplus, lo, hi, CHECK_CODE[checked.check_values],
+        checked.batch_parts or 0, checked.state_dtype, checked.route or "")
+    return {"y": y, "final_states": final_states}

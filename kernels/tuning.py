@@ -24,7 +24,9 @@ from kernels.arrays import backend_of
 from kernels.compute_out import (KERNEL_OBJECTS, Choice, compute_out_choices,
                                  compute_out_launch, compute_out_signature)
 from kernels.errors import scratch_word
-from kernels.ssd_forward import ForwardPart, forward_launches, prepare_forward
+from kernels.call import Call
+from kernels.launches import ForwardPart, forward_launches
+from kernels.plan import plan_of
 from kernels.tuning_table import device_key, record
 
 
@@ -49,8 +51,12 @@ def tune_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initi
                   initial_states=initial_states, seq_idx=seq_idx).kind == "numpy":
         raise TypeError("x: tune_forward times kernels on the GPU: pass CuPy arrays or torch "
                         "CUDA tensors, got NumPy arrays")
-    backend, parts, _, _ = prepare_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias,
-                                           initial_states, seq_idx, dt_softplus, dt_limit)
+    call = Call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                dt_softplus=dt_softplus, dt_limit=dt_limit)
+    plan = plan_of(call)  # the forward's own plan: its checks, batch slices and choices
+    backend = plan.backend
+    with backend.on_device():
+        parts = plan.forward_parts(plan.arrays(call))
     check_vector_values(A, D=D, dt_bias=dt_bias)
     return tune_parts(backend, device_key(backend.kind, backend.device, backend.sm_count), parts,
                       search)

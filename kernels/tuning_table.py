@@ -45,7 +45,7 @@ def _device_name(kind: str, device: int) -> str:
 
 
 def version() -> tuple[int, str | None]:
-    """What the tables a launch plan read depend on (kernels.ssd_forward's plan cache): the
+    """What the tables a launch plan read depend on (kernels.plan's cache): the
     count of changes to them and the file $CUTILE_SSD_TUNING names (read on the next use)."""
     return _CHANGES[0], os.environ.get(ENV)
 

@@ -29,7 +29,8 @@ from kernels.compute_out import BLOCK_TS, OCCUPANCIES, RULES_BLOCK_T, RULES_OCCU
 from kernels.compute_out import compute_out_choices
 from kernels.fwd_pass_state import BLOCK_KS, BLOCK_NS, BLOCK_PS, MODES, PASS_BLOCKS
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
-from kernels.ssd_forward import launch_plan
+from kernels.call import Call
+from kernels.plan import plan_of
 from kernels.ssd_scan import RULES_CHOICE as SCAN_RULES_CHOICE
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
@@ -179,7 +180,7 @@ def forward(p: Problem, backend: str):
     arrays = on_backend(p, backend)
     options = dict(chunk_size=p.chunk_size, dt_softplus=p.dt_softplus, dt_limit=p.dt_limit,
                    route=p.route, batch_parts=p.batch_parts)
-    plan = launch_plan(**arrays, **options)
+    plan = plan_of(Call(**arrays, **options))
     if plan.copies:
         raise AssertionError(f"ssd_forward copies {plan.copies} of layout {p.layout!r} (every "
                              f"layout of strategies.LAYOUTS is read in place)\n  {p.describe()}")
@@ -194,7 +195,7 @@ def forward(p: Problem, backend: str):
 def route_of(parts: list[list]) -> tuple[str, int]:
     """(route, batch slices) of a forward's launches, given as each slice's kernel objects in
     order: the scan where a slice runs ssd_scan, the chunks in parallel where fwd_pass_state's
-    state pass runs, else in order (kernels.ssd_forward.ROUTES); AssertionError where the slices
+    state pass runs, else in order (kernels.launches.ROUTES); AssertionError where the slices
     take different routes."""
     routes = set()
     for kernels in parts:
@@ -246,7 +247,7 @@ class ForwardBounds:
 
 # The chunk states' dtype docs/api.md promises where state_dtype is None, by the activations'
 # dtype: the harness's own statement, never the forward's default (kernels.ssd_forward), so that a
-# wrong default cannot loosen the bound it is checked by; test_launch_plan checks the plans keep it.
+# wrong default cannot loosen the bound it is checked by; test_plan checks the plans keep it.
 DEFAULT_STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
 
 
@@ -446,9 +447,9 @@ def _keeps_chunk_states(q: Problem, backend: str) -> bool:
     state in registers), else by its launch plan's outputs (the rules' route depends on the
     device); AssertionError where the plan stores them otherwise than that, or in another dtype
     than the documented default (DEFAULT_STATE_DTYPES: bfloat16)."""
-    plan = launch_plan(**on_backend(q, backend), chunk_size=q.chunk_size,
-                       dt_softplus=q.dt_softplus, dt_limit=q.dt_limit, route=q.route,
-                       batch_parts=q.batch_parts)
+    plan = plan_of(Call(**on_backend(q, backend), chunk_size=q.chunk_size,
+                        dt_softplus=q.dt_softplus, dt_limit=q.dt_limit, route=q.route,
+                        batch_parts=q.batch_parts))
     narrow = {name: like_x for name, _, like_x in plan.outputs}.get("chunk_states")
     stored = narrow is not None if q.route is None else q.route != "scan"
     if (narrow is not None) != stored or narrow is False:

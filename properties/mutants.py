@@ -270,12 +270,12 @@ CATALOGUE = [
            "the in-chunk decay's exponent is taken in bfloat16"),
     # the arrays as callers lay them out (properties.strategies.LAYOUTS) and the weights in
     # the activations' 16-bit dtype (contract.weight_dtypes)
-    Mutant("strides_lost", "kernels/ssd_forward.py",
-           "        arrays = dict(zip(INPUTS, given))\n",
-           "        arrays = dict(zip(INPUTS, (a if a is None or min(a.strides) < 0 else\n"
+    Mutant("strides_lost", "kernels/plan.py",
+           "        arrays = {name: getattr(call, name) for name in INPUTS}\n",
+           "        arrays = {name: (lambda a: a if a is None or min(a.strides) < 0 else\n"
            "            __import__(\"numpy\").lib.stride_tricks.as_strided(a, strides=tuple(\n"
-           "                a.itemsize * math.prod(a.shape[k + 1:]) for k in range(a.ndim)))\n"
-           "            for a in given)))\n",
+           "                a.itemsize * __import__(\"math\").prod(a.shape[k + 1:])\n"
+           "                for k in range(a.ndim))))(getattr(call, name)) for name in INPUTS}\n",
            "a strided view passed on as if C-contiguous: the kernels read the elements that follow "
            "its first in memory (a projection's next columns, a slice's next row, the next token "
            "of a token-major view)"),
@@ -364,70 +364,72 @@ CATALOGUE = [
            "return skip",
            "an infinite D stays infinite in compute_out and the scan: its y is +-inf (NaN only "
            "where x is 0), not NaN"),
-    # the launch plan's cache key (kernels.ssd_forward.plan_key): a key blind to something a plan
-    # reads hands one signature's plan to another
-    Mutant("plan_key_blind_to_strides", "kernels/ssd_forward.py",
+    # the plan cache's key (kernels.plan.key): a key blind to something a plan reads hands one
+    # signature's plan to another
+    Mutant("plan_key_blind_to_strides", "kernels/plan.py",
            "return lambda a: (a.shape, a.strides, a.dtype)",
            "return lambda a: (a.shape, a.dtype)",
            "a call takes the plan of another stride pattern: a layout the kernels cannot read "
            "in place (a reversed view) goes to them uncopied"),
-    Mutant("plan_key_blind_to_equal_itemsize", "kernels/ssd_forward.py",
+    Mutant("plan_key_blind_to_equal_itemsize", "kernels/plan.py",
            "return lambda a: (a.shape, a.strides, a.dtype)",
            "return lambda a: (a.shape, a.strides, a.dtype.itemsize)",
            "a NumPy array is keyed by its item size, not its dtype: a bfloat16 call takes the "
            "plan of a float16 call of the same layout (past the scan's dstate, float32 chunk "
            "states where bfloat16's are bfloat16)"),
-    Mutant("bfloat16_states_by_default_wide", "kernels/ssd_forward.py",
+    Mutant("bfloat16_states_by_default_wide", "kernels/call.py",
            'STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}',
            'STATE_DTYPES = {"float32": "float32", "bfloat16": "float32", "float16": "float32"}',
            "bfloat16 inputs store float32 chunk states by default: twice the state traffic the "
            "documented default saves"),
-    Mutant("float16_states_by_default_narrow", "kernels/ssd_forward.py",
+    Mutant("float16_states_by_default_narrow", "kernels/call.py",
            'STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}',
            'STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "bfloat16"}',
            "float16 inputs store their chunk states in x's dtype by default (float16: past 65504 "
            "they overflow), and a bound read from this default would have loosened with it"),
-    Mutant("plan_key_blind_to_options", "kernels/ssd_forward.py",
-           "chunk_size, bool(dt_softplus),", "chunk_size,",
+    Mutant("plan_key_blind_to_options", "kernels/plan.py",
+           "            type(c.dt_softplus), c.dt_softplus,\n", "",
            "dt_softplus on takes the plan of dt_softplus off"),
-    Mutant("plan_key_blind_to_state_dtype", "kernels/ssd_forward.py",
-           "type(batch_parts), batch_parts, state_dtype, route,",
-           "type(batch_parts), batch_parts, route,",
+    Mutant("plan_key_blind_to_state_dtype", "kernels/plan.py",
+           "            type(c.state_dtype), c.state_dtype,\n", "",
            "a call takes the plan, and so the chunk states' dtype, of another state_dtype"),
-    Mutant("plan_key_blind_to_route", "kernels/ssd_forward.py",
-           "type(batch_parts), batch_parts, state_dtype, route,",
-           "type(batch_parts), batch_parts, state_dtype,",
+    Mutant("plan_key_blind_to_route", "kernels/plan.py",
+           "            type(c.route), c.route,\n", "",
            "a call takes the plan, and so the route, of a call that asked for another route"),
-    # the forward's routes (kernels.ssd_forward.forward_launches): a route asked for and not
+    # the forward's routes (kernels.launches.forward_launches): a route asked for and not
     # taken, and what only the chunk states' routes or the batch slices pass between kernels
-    Mutant("route_ignored_where_scan_runs", "kernels/ssd_forward.py",
+    Mutant("route_ignored_where_scan_runs", "kernels/launches.py",
            "if route is None and scan_runs(", "if scan_runs(",
            "the scan runs wherever the rules would take it, whatever route the call asked for"),
-    Mutant("parallel_route_runs_in_order", "kernels/ssd_forward.py",
+    Mutant("parallel_route_runs_in_order", "kernels/launches.py",
            'ROUTE_MODES = {"chunks_in_order": "in_order", "chunks_parallel": "parallel_chunks"}',
            'ROUTE_MODES = {"chunks_in_order": "in_order", "chunks_parallel": "in_order"}',
            "the chunks-in-parallel route runs fwd_pass_state's chunks in order: the state pass "
            "and its kernel never run through ssd_forward"),
-    Mutant("chunk_route_drops_initial_states", "kernels/ssd_forward.py",
+    Mutant("chunk_route_drops_initial_states", "kernels/launches.py",
            "*fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,",
            "*fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, None, a.seg,",
            "the chunk states' routes start every sequence from zero: the initial state reaches "
            "the scan only"),
-    Mutant("chunk_route_drops_seq_idx", "kernels/ssd_forward.py",
+    Mutant("chunk_route_drops_seq_idx", "kernels/launches.py",
            "return (self.x, self.B, self.C, self.dt_out, self.dA_cumsum, self.chunk_states, "
            "self.D,\n                self.z, self.seg, self.y)",
            "return (self.x, self.B, self.C, self.dt_out, self.dA_cumsum, self.chunk_states, "
            "self.D,\n                self.z, None, self.y)",
            "compute_out runs without seq_idx on the chunk states' routes: a token sees the "
            "earlier segments of its chunk"),
-    Mutant("batch_slice_keeps_whole_seg", "kernels/ssd_forward.py",
+    Mutant("batch_slice_keeps_whole_seg", "kernels/launches.py",
            'BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "seg", "dt_out",',
            'BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "dt_out",',
            "a batch slice reads the whole batch's segment ids: the second slice takes the first "
            "rows' seq_idx"),
-    Mutant("plan_key_blind_to_dt_limit", "kernels/ssd_forward.py",
-           "tuple(dt_limit),\n", "\n",
+    Mutant("plan_key_blind_to_dt_limit", "kernels/plan.py",
+           "            type(c.dt_limit), c.dt_limit,\n", "",
            "a call takes the plan, and so the clamp, of another dt_limit"),
+    Mutant("plan_key_blind_to_check_values", "kernels/plan.py",
+           "            type(c.check_values), c.check_values,\n", "",
+           "a call takes the plan of another check_values: check_values=True skips the host's "
+           "check where a call of False planned first, or the default on NumPy defers it"),
 ]
 
 BY_NAME = {m.name: m for m in CATALOGUE}

@@ -42,7 +42,7 @@ from kernels.arrays import Backend, index_dtype, needs_int64
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, compute_out_choices, compute_out_launch
 from kernels.fwd_pass_state import MODES, fwd_pass_state_launches
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
-from kernels.ssd_forward import ROUTES, ForwardArrays, forward_plan, varlen_launches
+from kernels.launches import ROUTES, ForwardArrays, part_launches, varlen_launches
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices, ssd_scan_launch
@@ -215,7 +215,11 @@ def classes(kernel, grid, args) -> set[str]:
 def forward_classes(parts: list[list[tuple]]) -> set[str]:
     """The classes of one forward call's launches, by batch slice (Backend.launch_parts' lists
     of (kernel, grid, args)): its route with its activations' dtype, and its count of batch
-    slices (properties.checks.route_of)."""
+    slices (properties.checks.route_of); none for a packed row (one route: its kernels' own
+    classes say it)."""
+    if any(kernel._pyfunc.__name__.startswith("_ssd_varlen") for part in parts
+           for kernel, _, _ in part):
+        return set()
     route, count = route_of([[kernel for kernel, _, _ in part] for part in parts])
     kernel, _, args = parts[0][-1]  # the scan or compute_out: they take x
     x = _params(kernel, args)["x"]
@@ -325,7 +329,7 @@ def _own_launches(kind: str, d: Dims, opts: dict, sm_count: int, params) -> list
     if kind in FORWARD_KINDS:  # on opts' route and batch slices (the rules' where absent)
         a = _arrays(d, opts, FORWARD_KINDS[kind])
         parts = min(opts.get("batch_parts") or 1, d.batch)
-        return [launch for part in forward_plan(a, sm_count, parts, route=opts.get("route"))
+        return [launch for part in part_launches(a, sm_count, parts, route=opts.get("route"))
                 for launch in part]
     a = _arrays(d, opts)
     if kind == "fwd_pass_state_alone":

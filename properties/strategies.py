@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import reference as R
 from contract import Dims
 from kernels.compute_out import RULES_BLOCK_T
-from kernels.ssd_forward import ROUTES
+from kernels.launches import ROUTES
 from kernels.ssd_scan import scan_fits
 from properties.profiles import Caps, caps
 from properties.profiles import buckets as profile_buckets
@@ -60,7 +60,7 @@ LAID_OUT = {"contiguous": (), "projection": ("z", "x", "B", "C", "dt"),
 WEIGHTS = ("float32", "activation")
 WEIGHT_ARRAYS = ("dt", "dt_bias", "D", "initial_states")
 # The forward's route where the properties call ssd_forward (Problem.route): the rules' (None:
-# on the interpreter the scan wherever it fits) or each of kernels.ssd_forward.ROUTES that the
+# on the interpreter the scan wherever it fits) or each of kernels.launches.ROUTES that the
 # problem's dstate allows (forward_routes); and its batch slices (Problem.batch_parts): the
 # rules' count (None: one on the interpreter) or two, as a GPU runs a large even batch.
 BATCH_PARTS_DRAWN = (None, 2)
@@ -564,7 +564,7 @@ def problems(**kwargs):
 
 
 # --------------------------------------------------------------------------------------------
-# Call signatures, for the launch-plan cache (kernels.ssd_forward.launch_plan)
+# Call signatures, for the plan cache (kernels.plan.plan_of)
 
 
 @dataclass(frozen=True)
@@ -572,7 +572,7 @@ class Signature:
     """What a plan may depend on, without values: the dimensions, each array's dtype and layout,
     the options. `strided`: the arrays passed as a strided view (every other element of a
     wider array's last axis: read in place) rather than C-contiguous; `backwards`: those passed
-    as a reversed view (a negative stride: copied to C-contiguous per call, LaunchPlan.copies)."""
+    as a reversed view (a negative stride: copied to C-contiguous per call, Plan.copies)."""
 
     dims: Dims
     dtype: str  # x, B, C, z: 'float32', 'float16' or 'bfloat16'
@@ -685,9 +685,9 @@ def _other(values, current):
     return st.sampled_from([v for v in values if v != current])
 
 
-# What each change of _mutations changes, as (build_plan's parameter, aspect) pairs, aspects:
+# What each change of _mutations changes, as (Call's field, aspect) pairs, aspects:
 # 'shape', 'dtype', 'strides' and 'presence' of an array, 'value' of any other parameter
-# (tests/test_launch_plan.py: every parameter of build_plan in every aspect it has)
+# (tests/test_plan.py: every field of Call in every aspect it has)
 _BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "seq_idx")
 MUTATION_CHANGES = {
     "batch": {(n, "shape") for n in _BATCH_FIRST},

@@ -1,7 +1,7 @@
 """Compile gate (marker compile, CPU): every kernel, in the specializations ssd_forward uses for a
 representative set of shapes, compiles to cubin for sm_80, sm_90, sm_100 and sm_120.
 
-The specializations come from ssd_forward's own launch code (`forward_plan`: the whole batch,
+The specializations come from ssd_forward's own launch code (`part_launches`: the whole batch,
 and its batch slices where a device of that SM count splits it; each `forward_launches`, the one
 place the tile sizes are chosen), run on stand-in arrays that only carry a shape and a dtype;
 the signature
@@ -32,8 +32,9 @@ from contract import Dims
 from kernels.arrays import index_dtype, needs_int64
 from kernels.compute_out import Choice as OutChoice
 from kernels.compute_out import compute_out_launch
-from kernels.ssd_forward import (STATE_DTYPES, ForwardArrays, forward_plan, rules_batch_parts,
-                                 varlen_launches)
+from kernels.call import STATE_DTYPES
+from kernels.launches import (ForwardArrays, part_launches, rules_batch_parts,
+                              varlen_launches)
 from kernels.ssd_scan import Choice as ScanChoice
 from kernels.ssd_scan import ssd_scan_launch
 
@@ -162,8 +163,8 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
                               ITEMSIZE[opts.get("states", STATE_DTYPES[dtype])]) if split else 1
     # the rules' route, and the chunks in parallel at any chunk size as an explicit route takes
     # them (ssd_forward's route=; the rules run them from PARALLEL_MIN_CHUNK only)
-    plans = forward_plan(arrays, sm_count, 1) + (
-        forward_plan(arrays, sm_count, parts) if parts > 1 else []) + forward_plan(
+    plans = part_launches(arrays, sm_count, 1) + (
+        part_launches(arrays, sm_count, parts) if parts > 1 else []) + part_launches(
         arrays, sm_count, 1, route="chunks_parallel")
     if alone:
         plans.append([compute_out_launch(*arrays.compute_out_arrays(), sm_count,
@@ -197,7 +198,7 @@ def stand_in_arrays(dims: Dims, opts: dict) -> ForwardArrays:
 
 def packed_launches(dims: Dims, num_seqs: int, opts: dict) -> list:
     """ssd_forward's [(kernel, grid, args)] of a packed row of num_seqs sequences
-    (kernels.ssd_forward.varlen_launches), on stand-ins: initial states one per sequence."""
+    (kernels.launches.varlen_launches), on stand-ins: initial states one per sequence."""
     states = ArraySpec((num_seqs, dims.nheads, dims.headdim, dims.dstate))
     arrays = dataclasses.replace(stand_in_arrays(dims, opts),
                                  initial_states=states if opts.get("initial_states") else None)

@@ -60,7 +60,7 @@ def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k):
     where its forward runs the three kernels (fewer programs than SMs: float32 takes the scan at
     a wave and more, kernels.ssd_scan.scan_runs)."""
     from contract import Dims
-    from kernels.ssd_forward import ForwardArrays, forward_plan
+    from kernels.launches import ForwardArrays, part_launches
     from tests.test_compile import ArraySpec
     case = next(c for c in CASES if c.id == case_id)
     dims = Dims(case.batch, case.seqlen, case.nheads, case.headdim, case.ngroups, case.dstate,
@@ -72,7 +72,7 @@ def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k):
     arrays = ForwardArrays(a("x"), a("dt"), a("A"), a("B"), a("C"), None, None, None, None, None,
                            False, (0.0, float("inf")), a("dt_out"), a("dA_cumsum"),
                            a("chunk_states"), a("final_states"), a("y"))
-    (forward,) = forward_plan(arrays, sm_count, 1)
+    (forward,) = part_launches(arrays, sm_count, 1)
     kernels = MODE_KERNELS["parallel_chunks" if parallel else "in_order"]
     name = lambda launch: launch[0]._pyfunc.__name__
     assert [name(launch) for launch in alone] == kernels

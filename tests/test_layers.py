@@ -16,12 +16,14 @@ from pathlib import Path
 LAYERS = {  # bottom to top; "x.*" means the submodules of x (not x itself)
     # the input contract, shared constants, array backends, the tuning table, the CPU interpreter
     0: ("contract", "kernels.constants", "kernels.arrays", "kernels.tuning_table",
-        "kernels.errors", "kernels.torch_op", "kernels.interpreter", "kernels.interpreter.*"),
+        "kernels.errors", "kernels.interpreter", "kernels.interpreter.*"),
     # the float64 references, and the five kernels with their launchers (PEERS)
     1: ("reference", "reference.*", "kernels.chunk_cumsum", "kernels.fwd_pass_state",
         "kernels.compute_out", "kernels.ssd_scan", "kernels.ssd_varlen"),
-    # the forward pass: the kernels chained
-    2: ("kernels.ssd_forward",),
+    # the forward pass: the kernels chained (its launches, a call and its checks, the plan of
+    # a signature, the torch op, the public function)
+    2: ("kernels.launches", "kernels.call", "kernels.plan", "kernels.torch_op",
+        "kernels.ssd_forward"),
     # the tuner, mamba_ssm's entry point (kernels.ssd_combined), and the package's public
     # surface (kernels/__init__.py)
     3: ("kernels.tuning", "kernels.ssd_combined", "kernels"),
@@ -172,7 +174,8 @@ def test_checker_on_synthetic_trees(tmp_path):
             "kernels/interpreter/_ops.py": "from .. import arrays\n",
             "kernels/interpreter/__init__.py": "from . import _ops\n",
             "kernels/tuning.py": "def f():\n    from .ssd_forward import g\n",
-            "kernels/ssd_combined.py": "",
+            "kernels/ssd_combined.py": "", "kernels/launches.py": "", "kernels/call.py": "",
+            "kernels/plan.py": "",
             "kernels/ssd_forward.py": "from kernels import chunk_cumsum, fwd_pass_state\n",
             "kernels/chunk_cumsum.py": "from kernels.constants import LOG2E\n",
             "kernels/fwd_pass_state.py": "", "kernels/compute_out.py": "from . import arrays\n",

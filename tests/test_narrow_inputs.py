@@ -15,7 +15,8 @@ import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
 from kernels.fwd_pass_state import MODES
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
-from kernels.ssd_forward import launch_plan
+from kernels.call import Call
+from kernels.plan import plan_of
 from properties.bounds import narrow_output_bound
 from properties.checks import FP16_PUSH, check_close, forward_bounds, to_host
 from properties.strategies import Problem
@@ -222,7 +223,7 @@ def test_bfloat16_chunk_states_within_bound(backend):
                     floor=b.floor)
         check_close(f"{mode}: final_states", final, final_ref, b.final, b.final_M, p,
                     floor=b.floor)
-    plan = launch_plan(**on, state_dtype=narrow_dtype)
+    plan = plan_of(Call(**on, state_dtype=narrow_dtype))
     assert ("chunk_states", p.dims.shape("chunk_states"), True) in plan.outputs  # x's dtype
     y, final = (to_host(a) for a in ssd_forward(**on, return_final_states=True,
                                                 state_dtype=narrow_dtype))

@@ -22,7 +22,8 @@ from properties import mutants
 from properties import profiles
 from properties.profiles import caps
 from kernels.compute_out import compute_out_choices
-from kernels.ssd_forward import launch_plan
+from kernels.call import Call
+from kernels.plan import plan_of
 from properties.checks import compute_out_alone, on_backend
 from properties.strategies import (LAID_OUT, LAYOUTS, SHARED_HEADS_MIN_CHUNK, Bucket, Problem,
                                    Spec, _fixed_buckets, layout_strides, problem, spec_of, specs)
@@ -234,7 +235,7 @@ def test_each_layout_is_views_the_forward_reads_in_place(layout):
     if layout == "projection":
         assert all(arrays[n].base is arrays["x"].base for n in ("z", "B", "C", "dt"))
     options = dict(chunk_size=p.chunk_size, dt_softplus=p.dt_softplus, dt_limit=p.dt_limit)
-    assert launch_plan(**arrays, **options).copies == ()
+    assert plan_of(Call(**arrays, **options)).copies == ()
 
 
 def test_layouts_and_weights_shrink_to_contiguous_float32():

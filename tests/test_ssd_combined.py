@@ -17,7 +17,8 @@ import pytest
 
 import reference as R
 from kernels.ssd_combined import mamba_chunk_scan_combined
-from kernels.ssd_forward import launch_plan
+from kernels.call import Call
+from kernels.plan import plan_of
 from properties.bounds import narrow_output_bound
 from properties.checks import check_close, forward_bounds, to_backend, to_host
 from properties.strategies import Problem
@@ -80,8 +81,7 @@ def check_forward(what: str, y, final, wide: dict, dtype: str, stored_states: bo
 
 
 def _planned(args: dict):
-    return launch_plan(**{k: v for k, v in args.items() if k != "dt_softplus"},
-                       dt_softplus=args["dt_softplus"])
+    return plan_of(Call(**args))
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -11,7 +11,7 @@ import pytest
 import reference as R
 from contract import Dims
 from kernels import ssd_forward
-from kernels.ssd_forward import ForwardArrays, forward_plan, rules_batch_parts
+from kernels.launches import ForwardArrays, part_launches, rules_batch_parts
 from properties.bounds import kappa
 from properties.checks import forward_bounds, to_host
 from properties.strategies import Problem
@@ -109,7 +109,7 @@ def test_torch_cuda_tensors_in_torch_tensors_out_on_the_current_stream():
     assert np.array_equal(to_host(f), want_f)
 
 
-# batch slices (kernels.ssd_forward.BATCH_PARTS): every option, batch 3 so that a split is uneven
+# batch slices (kernels.launches.BATCH_PARTS): every option, batch 3 so that a split is uneven
 SLICED = Case("sliced_all_options", 3, 70, 4, 8, 2, 8, 32, D="channel", z=True, dt="softplus",
               initial_states=True, seq_idx="arbitrary")
 
@@ -241,8 +241,8 @@ def test_batch_slices_choose_as_the_whole_batch():
     arrays = ForwardArrays(a("x"), a("dt"), a("A"), a("B"), a("C"), None, None, None, None, None,
                            False, (0.0, math.inf), a("dt_out"), a("dA_cumsum"),
                            a("chunk_states"), a("final_states"), a("y"))
-    (whole,) = forward_plan(arrays, 132, 1)
-    halves = forward_plan(arrays, 132, 2)
+    (whole,) = part_launches(arrays, 132, 1)
+    halves = part_launches(arrays, 132, 2)
     kernel_names = lambda launches: [k._pyfunc.__name__ for k, _, _ in launches]
     constants = lambda launches: [[v for v in args if isinstance(v, (bool, int))]
                                   for _, _, args in launches]

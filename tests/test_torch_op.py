@@ -33,7 +33,7 @@ def test_the_op_passes_torch_opcheck():
     lo, hi = kw["dt_limit"]
     args = (kw["x"], kw["dt"], kw["A"], kw["B"], kw["C"], CASE.chunk_size, kw["D"], kw["z"],
             kw["dt_bias"], kw["initial_states"], None, True, float(lo), float(hi),
-            torch_op.CHECK_CODE[None], 0, "")
+            torch_op.CHECK_CODE[None], 0, "", "")
     torch.library.opcheck(torch.ops.cutile_ssd.ssd_forward.default, args)
 
 

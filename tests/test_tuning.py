@@ -13,7 +13,7 @@ from kernels import compute_out, interpreter, ssd_forward, tuning, tuning_table
 from kernels.arrays import Backend, backend_of
 from kernels.compute_out import (_KERNELS, Choice, compute_out_choices,
                                  compute_out_launch, compute_out_signature)
-from kernels.ssd_forward import ForwardArrays, forward_launches, forward_parts
+from kernels.launches import ForwardArrays, forward_launches, forward_parts
 from properties.bounds import KAPPA
 from properties.checks import forward_bounds
 from properties.strategies import Problem
@@ -32,9 +32,9 @@ def h200_interpreter(monkeypatch):
     forward runs the three kernels, as on the GPU, not the scan; no launch plan of another SM
     count is kept."""
     import importlib
-    forward_module = importlib.import_module("kernels.ssd_forward")
+    plan_module = importlib.import_module("kernels.plan")
     monkeypatch.setattr(Backend, "sm_count", property(lambda self: H200_SMS))
-    monkeypatch.setattr(forward_module, "_PLANS", {})
+    monkeypatch.setattr(plan_module, "_PLANS", {})
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,108 @@
+"""The path of a call through the product (kernels.ssd_forward's pipeline: call, plan, bind,
+launch), traced with sys.setprofile: a first call of a signature validates and builds its plan
+once; a second call of it runs no check and builds nothing. `moves` counts the steps from one
+project module into another, as a reader following `x` would take them."""
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kernels import interpreter, ssd_forward
+from shapes import Case, make_inputs
+
+REPO = Path(__file__).resolve().parent.parent
+CASE = Case("call_path", 2, 40, 4, 8, 2, 8, 16, D="head", z=True, dt="softplus",
+            initial_states=True, seq_idx=True)
+# the functions that check arguments (contract's checkers, the call's validation) or build a plan
+CHECKS = ("check_", "_check", "validate", "_flags", "_states", "options", "build")
+
+
+def _module(code) -> str | None:
+    """The project module of a code object ("kernels/plan.py" -> "kernels.plan"), or None."""
+    path = Path(code.co_filename)
+    if not path.is_relative_to(REPO) or "interpreter" in path.parts or "tests" in path.parts:
+        return None
+    return ".".join(path.relative_to(REPO).with_suffix("").parts)
+
+
+def trace(call) -> tuple[Counter, list[tuple[str, str]]]:
+    """(calls by (module, function), moves from one project module into another) of call()."""
+    calls, moves, stack = Counter(), [], []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            module = _module(frame.f_code)
+            caller = stack[-1] if stack else None
+            if module is not None:
+                calls[module, frame.f_code.co_name] += 1
+                if caller is not None and module != caller:
+                    moves.append((caller, module))
+            stack.append(module or caller)
+        elif event == "return" and stack:
+            stack.pop()
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return calls, moves
+
+
+@pytest.fixture
+def fresh_plans(monkeypatch):
+    import kernels.plan
+    monkeypatch.setattr(kernels.plan, "_PLANS", {})
+    # the kernels themselves are not the path's subject (the interpreter would trace them)
+    monkeypatch.setattr(interpreter, "launch", lambda grid, kernel, args: None)
+
+
+def test_a_second_call_runs_no_check(fresh_plans):
+    kw = make_inputs(CASE)
+    call = lambda: ssd_forward(**kw, check_values=False, return_final_states=True)
+    first, first_moves = trace(call)
+    second, second_moves = trace(call)
+    checks = lambda calls: {f"{m}.{f}": n for (m, f), n in calls.items()
+                            if f.startswith(CHECKS)}
+    assert first["kernels.call", "validate"] == 1 and first["kernels.plan", "build"] == 1
+    assert checks(second) == {}, checks(second)
+    # a second call: the public function, its plan (key, bind, arrays), the launches and the
+    # error word; never the contract, the launchers' rules or the kernel modules
+    assert {m for m, _ in second} <= {"kernels.ssd_forward", "kernels.plan", "kernels.arrays",
+                                      "kernels.errors", "kernels.tuning_table"}, set(second)
+    assert len(second_moves) < len(first_moves)
+
+
+def test_host_value_checks_run_per_call_where_asked(fresh_plans):
+    """check_values=True (and the NumPy default) reads A, D and dt_bias on every call: values are
+    not part of a signature."""
+    kw = make_inputs(CASE)
+    for _ in range(2):
+        calls, _ = trace(lambda: ssd_forward(**kw, check_values=True))
+        assert calls["contract", "check_vector_values"] == 1
+        assert calls["kernels.call", "validate"] <= 1
+
+
+def main():
+    """Prints the calls and moves of a first and a second call (the closing note's figures)."""
+    import kernels.plan
+    kernels.plan._PLANS.clear()
+    interpreter.launch = lambda grid, kernel, args: None
+    kw = make_inputs(CASE)
+    for label in ("first", "second"):
+        calls, moves = trace(lambda: ssd_forward(**kw, check_values=False,
+                                                 return_final_states=True))
+        seen, back = set(), 0
+        for _, module in moves:
+            back += module in seen
+            seen.add(module)
+        print(f"{label} call: {sum(calls.values())} calls in {len({m for m, _ in calls})} "
+              f"modules, {len(moves)} moves between modules, {back} back into one visited")
+        for (m, f), n in sorted(calls.items()):
+            print(f"  {m}.{f} x{n}")
+
+
+if __name__ == "__main__":
+    main()
