@@ -213,19 +213,18 @@ def compute_out_arrays(a: dict) -> tuple:
 
 def rules_and_runnable(kernel: str, a: dict, sm_count) -> tuple:
     """(the rules' choice, [the declared choices the shape can run]) of `kernel` on arrays `a`."""
+    from kernels.arrays import launch_dims
     mod = kernel_module(kernel)
-    if kernel == "chunk_cumsum":
-        return mod.rules_choice(), list(mod.CHOICES)
-    if kernel == "ssd_scan":
-        return mod.rules_choice(a["x"], sm_count), mod.ssd_scan_choices(a["x"], a["B"])
-    if kernel == "fwd_pass_state":
-        batch, _, nheads, headdim = a["x"].shape
-        dstate, chunk_size = a["B"].shape[3], a["dt_out"].shape[3]
-        rules = mod.rules_choice(batch, nheads, headdim, dstate, chunk_size, sm_count)
-        return rules, [c for c in mod.CHOICES if c.mode in mod.modes(chunk_size)]
     arrays = compute_out_arrays(a)
-    int64 = mod.compute_out_signature(*arrays)[-1]
-    rules = mod.rules_choice(a["x"], a["B"], a["dt_out"], None, int64, sm_count)
+    int64 = kernel == "compute_out" and kernel_module("compute_out").compute_out_signature(
+        *arrays)[-1]
+    rules = mod.rules_choice(launch_dims(a["x"], a["B"], a["dt_out"], int64=int64), sm_count)
+    if kernel == "chunk_cumsum":
+        return rules, list(mod.CHOICES)
+    if kernel == "ssd_scan":
+        return rules, mod.ssd_scan_choices(a["x"], a["B"])
+    if kernel == "fwd_pass_state":
+        return rules, [c for c in mod.CHOICES if c.mode in mod.modes(int(a["dt_out"].shape[3]))]
     return rules, mod.compute_out_choices(*arrays)
 
 
@@ -493,6 +492,7 @@ def tune_row(name, results):
     with cuda.tile.tune's mean time and 95 % margin, fastest first; the one the launcher's rules
     take is marked `rules`, the fastest `best`, a choice that failed (to compile) `FAILED`."""
     import kernels
+    from kernels.arrays import launch_dims
     from kernels.compute_out import Choice, compute_out_signature, rules_choice
     from kernels.call import Call
     from kernels.plan import plan_of
@@ -508,7 +508,8 @@ def tune_row(name, results):
         arrays = part.arrays.compute_out_arrays()
         signature = compute_out_signature(*arrays)
         x, B, _, dt_out, _, _, _, _, seg, _ = arrays
-        rules[signature] = rules_choice(x, B, dt_out, seg, signature[-1], part.sm_count)
+        rules[signature] = rules_choice(launch_dims(x, B, dt_out, seg=seg, int64=signature[-1]),
+                                        part.sm_count)
     found = kernels.tune_forward(*args[:6], D=inp["D"])
     for signature, result in found.items():
         for m in sorted(result.successes, key=lambda m: m.mean_us):

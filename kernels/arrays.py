@@ -22,9 +22,28 @@ import numpy as np
 import cuda.tile as ct
 from cuda.tile._stub import ArrayAnnotation
 
-from contract import element_strides, kernel_layout
+from contract import Dims, dtype_name, element_strides, kernel_layout
 from kernels.constants import ERROR_D
 from kernels.constants import LOG2E  # the z gate's sigmoid is taken with exp2 too
+
+
+@dataclass(frozen=True)
+class LaunchDims:
+    """What a launcher's rules read of a launch, the first argument of every kernel module's
+    rules_choice(dims, sm_count): its dimensions, the activations' dtype name, whether seq_idx's
+    segment ids are given, and whether the launch indexes in int64 (needs_int64)."""
+    dims: Dims
+    dtype: str = "float32"
+    segments: bool = False
+    int64: bool = False
+
+
+def launch_dims(x, B, dt_out, *, seg=None, int64: bool = False) -> LaunchDims:
+    """The LaunchDims of a launch on these arrays (shapes and x's dtype read, no value)."""
+    batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
+    dims = Dims(batch, seqlen, nheads, headdim, int(B.shape[2]), int(B.shape[3]),
+                int(dt_out.shape[3]))
+    return LaunchDims(dims, dtype_name(x), seg is not None, int64)
 
 
 def gpu_available() -> bool:

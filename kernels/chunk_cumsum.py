@@ -11,12 +11,10 @@ from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import (Dims, check_chunk_cumsum_args, check_dt_limit, check_vector_values,
-                      weight_dtypes)
-from kernels.arrays import (backend_of, check_grid, int32_indexed, needs_int64, or_error,
-                           pow2_tile)
+from contract import Dims, check_chunk_cumsum_args, check_dt_limit, weight_dtypes
+from kernels.arrays import LaunchDims, int32_indexed, needs_int64, or_error, pow2_tile
 from kernels.constants import ERROR_A, ERROR_CU_SEQLENS, ERROR_D, ERROR_DT_BIAS, LOG2E
-from kernels.errors import check_on_host, open_word
+from kernels.launcher import run_alone
 
 SOFTPLUS_THRESHOLD = 20.0  # softplus(v) = v above it (as mamba_ssm and the reference)
 
@@ -138,8 +136,8 @@ _chunk_cumsum = ct.kernel(int32_indexed(_chunk_cumsum_kernel))
 _chunk_cumsum_int64 = ct.kernel(_chunk_cumsum_kernel)
 
 
-def rules_choice() -> Choice:
-    """The choice of the launcher's rule (RULES_BLOCK_H), whatever the shape."""
+def rules_choice(dims: LaunchDims | None, sm_count) -> Choice:
+    """The choice of the launcher's rule (RULES_BLOCK_H), whatever the launch and device."""
     return Choice(RULES_BLOCK_H)
 
 
@@ -156,7 +154,7 @@ def chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus, dt_limit
     a packed row's int32 offsets, checked here (ssd_varlen reads the verdict), or None.
     """
     if choice is None:
-        choice = rules_choice()
+        choice = rules_choice(None, None)  # the rule reads neither
     elif choice not in CHOICES:
         raise ValueError(f"choice: {choice} is not one of chunk_cumsum's CHOICES {CHOICES}")
     batch, _, nheads = (int(s) for s in dt.shape)
@@ -179,20 +177,18 @@ def chunk_cumsum(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limit=(0
     in-chunk cumulative decay dt * A in log2 units. `check_values`: as in ssd_forward (a head
     with a bad A or dt_bias gets NaN). `choice`: the Choice to launch (one of CHOICES) instead of
     the rules'."""
-    backend = backend_of(dt=dt, A=A, dt_bias=dt_bias)
-    batch, seqlen, nheads, chunk_size = check_chunk_cumsum_args(
-        dt, A, chunk_size, dt_bias=dt_bias, dt_limit=dt_limit, float_dtypes=weight_dtypes(dt),
-        check_values=False)
-    dt_limit = check_dt_limit(dt_limit)
-    check_grid(batch, nheads)
-    dt, A, dt_bias = (backend.laid_out(a) for a in (dt, A, dt_bias))
-    dims = Dims(batch, seqlen, nheads, 1, 1, 1, chunk_size)
-    dt_out = backend.empty(dims.shape("dt_out"))
-    dA_cumsum = backend.empty(dims.shape("dA_cumsum"))
-    if check_on_host(check_values, backend):  # last before the launch, as in ssd_forward
-        check_vector_values(A, dt_bias=dt_bias)
-    word = open_word(backend, "chunk_cumsum")  # a word left unused by a bad choice stays clear
-    backend.launch(*chunk_cumsum_launch(dt, A, dt_bias, dt_out, dA_cumsum, dt_softplus,
-                                        dt_limit, choice, errors=word.array))
-    word.close()
-    return dt_out, dA_cumsum
+    def check(dt, A, dt_bias):
+        batch, seqlen, nheads, chunk = check_chunk_cumsum_args(
+            dt, A, chunk_size, dt_bias=dt_bias, dt_limit=dt_limit,
+            float_dtypes=weight_dtypes(dt), check_values=False)
+        return Dims(batch, seqlen, nheads, 1, 1, 1, chunk)
+
+    a = run_alone(
+        "chunk_cumsum", dict(dt=dt, A=A, dt_bias=dt_bias), check=check,
+        outputs=lambda dims: {"dt_out": (dims.shape("dt_out"), None),
+                              "dA_cumsum": (dims.shape("dA_cumsum"), None)},
+        launches=lambda a, backend, errors: [chunk_cumsum_launch(
+            a["dt"], a["A"], a["dt_bias"], a["dt_out"], a["dA_cumsum"], dt_softplus,
+            check_dt_limit(dt_limit), choice, errors=errors)],
+        check_values=check_values, values=("A", "dt_bias"))
+    return a["dt_out"], a["dA_cumsum"]

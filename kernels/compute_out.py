@@ -10,18 +10,15 @@ measured reason of each rule: benchmarks/DECISIONS.md, under the titles named be
 from __future__ import annotations
 
 import functools
-
 from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import (ACTIVATION_DTYPES, check_compute_out_args, check_vector_values, dtype_name,
-                      weight_dtypes)
+from contract import ACTIVATION_DTYPES, check_compute_out_args, dtype_name, weight_dtypes
 from kernels import tuning_table
-from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
-                           mma_operand, mma_product, needs_int64, pow2_tile, report_D,
-                           z_gated)
-from kernels.errors import check_on_host, open_word
+from kernels.arrays import (MMA_MIN, LaunchDims, checked_D, int32_indexed, launch_dims, mma_operand,
+                           mma_product, needs_int64, pow2_tile, report_D, z_gated)
+from kernels.launcher import run_alone
 
 # Program layouts. "token_blocks" (_compute_out_kernel): a program per token block, looping over
 # the chunk's earlier token blocks (flash-attention-like), so a chunk x chunk matrix never
@@ -353,9 +350,9 @@ def _arrays(x, B, C, dt_out, dA_cumsum, chunk_states, D, z):
             x if z is None else z)
 
 
-def _whole_chunks_run(x, seg, int64: bool) -> bool:
+def _whole_chunks_run(dims: LaunchDims) -> bool:
     """The program per chunk exists for float32 inputs, int32 indices and no seq_idx only."""
-    return dtype_name(x) == "float32" and seg is None and not int64
+    return dims.dtype == "float32" and not dims.segments and not dims.int64
 
 
 def _int64(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) -> bool:
@@ -391,7 +388,7 @@ def compute_out_choices(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y) 
 def _choices(x, B, dt_out, seg, int64: bool) -> list[Choice]:
     return list(_choices_of(int(x.shape[2]) // int(B.shape[2]), int(x.shape[3]),
                             int(B.shape[3]), int(dt_out.shape[3]),
-                            _whole_chunks_run(x, seg, int64)))
+                            _whole_chunks_run(launch_dims(x, B, dt_out, seg=seg, int64=int64))))
 
 
 @functools.cache
@@ -413,15 +410,16 @@ def _choices_of(per_group: int, headdim: int, dstate: int, chunk: int,
     return tuple(found)
 
 
-def rules_choice(x, B, dt_out, seg, int64: bool, sm_count) -> Choice:
-    """The choice of the launcher's rules (RULES_*, layout()); `int64`: the launch's index
-    width."""
-    batch, seqlen, nheads, headdim = (int(s) for s in x.shape)
-    chunk_size, block_t, block_p, dstate_tile = _tiles(x, B, dt_out, RULES_BLOCK_T)
-    max_heads = RULES_HEADS if chunk_size > block_t and dtype_name(x) == "float32" else 1
-    heads = heads_per_program(nheads // int(B.shape[2]), max_heads)
-    chunk_programs = -(-seqlen // chunk_size) * -(-headdim // block_p) * (nheads // heads) * batch
-    runs = (_whole_chunks_run(x, seg, int64)
+def rules_choice(dims: LaunchDims, sm_count) -> Choice:
+    """The choice of the launcher's rules (RULES_*, layout()) on a device of `sm_count` SMs."""
+    d = dims.dims
+    chunk_size, block_t, block_p, dstate_tile = _tile_sizes(d.headdim, d.dstate, d.chunk_size,
+                                                            RULES_BLOCK_T)
+    max_heads = RULES_HEADS if chunk_size > block_t and dims.dtype == "float32" else 1
+    heads = heads_per_program(d.nheads // d.ngroups, max_heads)
+    chunk_programs = (-(-d.seqlen // chunk_size) * -(-d.headdim // block_p) * (d.nheads // heads)
+                      * d.batch)
+    runs = (_whole_chunks_run(dims)
             and layout(chunk_size, block_t, dstate_tile, heads, chunk_programs,
                        sm_count) == "whole_chunks")
     return Choice("whole_chunks" if runs else "token_blocks", heads, RULES_OCCUPANCY,
@@ -458,7 +456,7 @@ def compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y, s
                          f"compute_out can run on this shape ({compute_out_choices.__name__}); "
                          f"a tuning file of another version? (kernels.tuning_table)")
     if choice is None:
-        choice = rules_choice(x, B, dt_out, seg, int64, sm_count)
+        choice = rules_choice(launch_dims(x, B, dt_out, seg=seg, int64=int64), sm_count)
     chunk_size, block_t, block_p, dstate_tile = _tiles(x, B, dt_out, choice.block_t)
     kernel = _KERNELS[choice.layout, int64, choice.occupancy]
     tiles = (chunk_size, block_t, block_p, dstate_tile, choice.heads)
@@ -481,21 +479,17 @@ def compute_out(x, B, C, dt_out, dA_cumsum, chunk_states, D=None, z=None, seq_id
     finite gets NaN).
     `choice`: the Choice to launch (one of compute_out_choices for these arrays, else a
     ValueError before any launch) instead of the device's tuned one or the rules'."""
-    backend = backend_of(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum,
-                         chunk_states=chunk_states, D=D, z=z, seq_idx=seq_idx)
-    dims = check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, D=D, z=z,
-                                  seq_idx=seq_idx, float_dtypes=weight_dtypes(x),
-                                  activation_dtypes=ACTIVATION_DTYPES, check_values=False)
-    check_grid(dims.batch, dims.nheads)
-    x, B, C, chunk_states, dt_out, dA_cumsum, D, z = (backend.laid_out(a) for a in (
-        x, B, C, chunk_states, dt_out, dA_cumsum, D, z))
-    seg = backend.segment_ids(seq_idx)
-    y = backend.empty(dims.shape("y"), like=x)
-    if check_on_host(check_values, backend) and D is not None:
-        check_vector_values(D=D)
-    word = open_word(backend, "compute_out")  # a word left unused by a bad choice stays clear
-    backend.launch(*compute_out_launch(x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seg, y,
-                                       backend.sm_count, tuning_table.table(backend), choice,
-                                       errors=word.array))
-    word.close()
-    return y
+    a = run_alone(
+        "compute_out", dict(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum,
+                            chunk_states=chunk_states, D=D, z=z, seq_idx=seq_idx),
+        check=lambda x, B, C, dt_out, dA_cumsum, chunk_states, D, z, seq_idx:
+            check_compute_out_args(x, B, C, dt_out, dA_cumsum, chunk_states, D=D, z=z,
+                                   seq_idx=seq_idx, float_dtypes=weight_dtypes(x),
+                                   activation_dtypes=ACTIVATION_DTYPES, check_values=False),
+        outputs=lambda dims: {"y": (dims.shape("y"), "x")},
+        launches=lambda a, backend, errors: [compute_out_launch(
+            a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], a["chunk_states"], a["D"],
+            a["z"], a["seg"], a["y"], backend.sm_count, tuning_table.table(backend), choice,
+            errors=errors)],
+        check_values=check_values, values=("D",))
+    return a["y"]

@@ -13,10 +13,10 @@ from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import (ACTIVATION_DTYPES, check_fwd_pass_state_args, state_dtype_name,
-                      weight_dtypes)
-from kernels.arrays import (MMA_MIN, backend_of, check_grid, int32_indexed, mma_operand,
+from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args, state_dtype_name, weight_dtypes
+from kernels.arrays import (MMA_MIN, LaunchDims, int32_indexed, launch_dims, mma_operand,
                            mma_product, needs_int64, pow2_tile)
+from kernels.launcher import run_alone
 
 # Modes. "in_order": a program per state slice runs through the chunks in order. "parallel_chunks":
 # every chunk's increment (what its tokens add to a state that entered at zero) is one program,
@@ -229,13 +229,13 @@ def in_order_programs(batch: int, nheads: int, headdim: int, dstate: int) -> int
     return _state_slices(headdim, dstate, RULES_BLOCK_P, RULES_BLOCK_N)[2] * nheads * batch
 
 
-def rules_choice(batch: int, nheads: int, headdim: int, dstate: int, chunk_size: int,
-                 sm_count) -> Choice:
+def rules_choice(dims: LaunchDims, sm_count) -> Choice:
     """The choice of the launcher's rules (RULES_*, PARALLEL_MIN_CHUNK) on a device of
-    `sm_count` SMs."""
-    parallel = (chunk_size >= PARALLEL_MIN_CHUNK
-                and in_order_programs(batch, nheads, headdim, dstate) < sm_count)
-    full_k = min(chunk_size, RULES_BLOCK_K) == RULES_BLOCK_K
+    `sm_count` SMs (the dimensions alone)."""
+    d = dims.dims
+    parallel = (d.chunk_size >= PARALLEL_MIN_CHUNK
+                and in_order_programs(d.batch, d.nheads, d.headdim, d.dstate) < sm_count)
+    full_k = min(d.chunk_size, RULES_BLOCK_K) == RULES_BLOCK_K
     return Choice("parallel_chunks" if parallel else "in_order", RULES_BLOCK_K, RULES_BLOCK_P,
                   RULES_BLOCK_N, RULES_OCCUPANCY_FULL_K if full_k else None, RULES_PASS_BLOCK)
 
@@ -259,7 +259,7 @@ def fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg, chunk_
         raise ValueError(f"mode: one of {MODES} without a choice, got {mode!r}"
                          f"{'' if choice is None else ' and a choice'}")
     if choice is None:
-        choice = rules_choice(batch, nheads, headdim, dstate, chunk_size, sm_count)
+        choice = rules_choice(launch_dims(x, B, dt_out), sm_count)
         choice = choice if mode is None else choice._replace(mode=mode)
     elif choice not in CHOICES:
         raise ValueError(f"choice: {choice} is not one of fwd_pass_state's CHOICES")
@@ -292,19 +292,23 @@ def fwd_pass_state(x, B, dt_out, dA_cumsum, initial_states=None, seq_idx=None, *
     token, (batch, nheads, headdim, dstate), float32. x and B: float32, bfloat16 or float16,
     alike. `choice`: the Choice to launch (one of CHOICES, else a ValueError before any launch)
     instead of the rules' for this device."""
-    backend = backend_of(x=x, B=B, dt_out=dt_out, dA_cumsum=dA_cumsum,
-                         initial_states=initial_states, seq_idx=seq_idx)
-    dims = check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, initial_states=initial_states,
-                                     seq_idx=seq_idx, float_dtypes=weight_dtypes(x),
-                                     activation_dtypes=ACTIVATION_DTYPES)
-    check_grid(dims.batch, dims.nheads)
-    narrow_states = state_dtype_name(state_dtype, x) not in (None, "float32")
-    x, B, dt_out, dA_cumsum, initial_states = (backend.laid_out(a) for a in (
-        x, B, dt_out, dA_cumsum, initial_states))
-    seg = backend.segment_ids(seq_idx)
-    chunk_states = backend.empty(dims.shape("chunk_states"), like=x if narrow_states else None)
-    final_states = backend.empty(dims.shape("final_states"))
-    for launch in fwd_pass_state_launches(x, B, dt_out, dA_cumsum, initial_states, seg,
-                                          chunk_states, final_states, backend.sm_count, choice):
-        backend.launch(*launch)
-    return chunk_states, final_states
+    def check(x, B, dt_out, dA_cumsum, initial_states, seq_idx):
+        dims = check_fwd_pass_state_args(x, B, dt_out, dA_cumsum, initial_states=initial_states,
+                                         seq_idx=seq_idx, float_dtypes=weight_dtypes(x),
+                                         activation_dtypes=ACTIVATION_DTYPES)
+        state_dtype_name(state_dtype, x)
+        return dims
+
+    narrow = lambda: state_dtype_name(state_dtype, x) not in (None, "float32")
+    a = run_alone(
+        "fwd_pass_state", dict(x=x, B=B, dt_out=dt_out, dA_cumsum=dA_cumsum,
+                               initial_states=initial_states, seq_idx=seq_idx),
+        check=check,
+        outputs=lambda dims: {"chunk_states": (dims.shape("chunk_states"),
+                                               "x" if narrow() else None),
+                              "final_states": (dims.shape("final_states"), None)},
+        launches=lambda a, backend, errors: fwd_pass_state_launches(
+            a["x"], a["B"], a["dt_out"], a["dA_cumsum"], a["initial_states"], a["seg"],
+            a["chunk_states"], a["final_states"], backend.sm_count, choice),
+        word=False)  # it reads no value it could find bad
+    return a["chunk_states"], a["final_states"]

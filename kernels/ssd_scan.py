@@ -15,12 +15,10 @@ from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import (ACTIVATION_DTYPES, check_ssd_scan_args, check_vector_values, dtype_name,
-                      weight_dtypes)
-from kernels.arrays import (MMA_MIN, backend_of, check_grid, checked_D, int32_indexed,
-                           mma_operand, mma_product, needs_int64, pow2_tile, report_D,
-                           z_gated)
-from kernels.errors import check_on_host, open_word
+from contract import ACTIVATION_DTYPES, check_ssd_scan_args, dtype_name, weight_dtypes
+from kernels.arrays import (MMA_MIN, LaunchDims, checked_D, int32_indexed, launch_dims, mma_operand,
+                           mma_product, needs_int64, pow2_tile, report_D, z_gated)
+from kernels.launcher import run_alone
 
 HEADS = (1, 2)  # heads of one group per program: C B^T, which they share, is formed once
 OCCUPANCIES = (2, 1)  # programs per SM (the compiler's occupancy hint)
@@ -224,18 +222,19 @@ def _tiles(headdim: int, dstate: int, chunk_size: int, block_p: int) -> tuple[in
             pow2_tile(dstate, lo=MMA_MIN))
 
 
-def _rules_programs(x) -> int:
+def _rules_programs(batch: int, nheads: int, headdim: int) -> int:
     """The programs of a launch of the rules' heads and headdim block (every rules' choice has
     RULES_CHOICE's)."""
-    batch, _, nheads, headdim = (int(s) for s in x.shape)
     block_p = pow2_tile(headdim, lo=MMA_MIN, hi=RULES_CHOICE.block_p)
     return -(-headdim // block_p) * nheads // RULES_CHOICE.heads * batch
 
 
-def rules_choice(x, sm_count) -> Choice:
-    """The rules' Choice for x on a GPU of `sm_count` SMs (see RULES_CHOICE)."""
-    few = FEW_PROGRAMS_CHOICE.get(dtype_name(x))
-    return few if few is not None and _rules_programs(x) <= sm_count else RULES_CHOICE
+def rules_choice(dims: LaunchDims, sm_count) -> Choice:
+    """The rules' Choice on a GPU of `sm_count` SMs (see RULES_CHOICE)."""
+    d = dims.dims
+    few = FEW_PROGRAMS_CHOICE.get(dims.dtype)
+    return (few if few is not None and _rules_programs(d.batch, d.nheads, d.headdim) <= sm_count
+            else RULES_CHOICE)
 
 
 def scan_fits(dstate: int, arrays: tuple = ()) -> bool:
@@ -249,7 +248,9 @@ def scan_runs(x, B, dt_out, arrays: tuple, sm_count) -> bool:
     the launch would pass): where it fits (scan_fits) and the rules' grid has SCAN_MIN_WAVES
     programs per SM or more for x's dtype."""
     waves = SCAN_MIN_WAVES.get(dtype_name(x), SCAN_MIN_WAVES_OTHERS)
-    return scan_fits(int(B.shape[3]), arrays) and _rules_programs(x) >= waves * sm_count
+    batch, _, nheads, headdim = (int(s) for s in x.shape)
+    return (scan_fits(int(B.shape[3]), arrays)
+            and _rules_programs(batch, nheads, headdim) >= waves * sm_count)
 
 
 def ssd_scan_choices(x, B) -> list[Choice]:
@@ -281,7 +282,7 @@ def ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, fi
     """
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     given = choice is not None
-    choice = rules_choice(x, sm_count) if choice is None else choice
+    choice = rules_choice(launch_dims(x, B, dt_out), sm_count) if choice is None else choice
     if choice not in ssd_scan_choices(x, B):
         raise ValueError(f"{'choice' if given else 'rules choice'}: {choice} is not one that "
                          f"ssd_scan can run on this shape ({ssd_scan_choices.__name__})")
@@ -305,23 +306,19 @@ def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, se
     or float16, all alike; the rest float32. `check_values`: as in ssd_forward (a channel with a
     D that is not finite gets NaN). `choice`: the Choice to launch (one of ssd_scan_choices, else
     a ValueError before any launch) instead of the rules'."""
-    backend = backend_of(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum, D=D, z=z,
-                         initial_states=initial_states, seq_idx=seq_idx)
-    dims = check_ssd_scan_args(x, B, C, dt_out, dA_cumsum, D=D, z=z,
-                               initial_states=initial_states, seq_idx=seq_idx,
-                               float_dtypes=weight_dtypes(x), activation_dtypes=ACTIVATION_DTYPES,
-                               check_values=False)
-    check_grid(dims.batch, dims.nheads)
-    x, B, C, z, dt_out, dA_cumsum, D, initial_states = (backend.laid_out(a) for a in (
-        x, B, C, z, dt_out, dA_cumsum, D, initial_states))
-    seg = backend.segment_ids(seq_idx)
-    y = backend.empty(dims.shape("y"), like=x)
-    final_states = backend.empty(dims.shape("final_states"))
-    if check_on_host(check_values, backend) and D is not None:
-        check_vector_values(D=D)
-    word = open_word(backend, "ssd_scan")  # a word left unused by a bad choice stays clear
-    backend.launch(*ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y,
-                                    final_states, backend.sm_count, choice,
-                                    errors=word.array))
-    word.close()
-    return y, final_states
+    a = run_alone(
+        "ssd_scan", dict(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum, D=D, z=z,
+                         initial_states=initial_states, seq_idx=seq_idx),
+        check=lambda x, B, C, dt_out, dA_cumsum, D, z, initial_states, seq_idx:
+            check_ssd_scan_args(x, B, C, dt_out, dA_cumsum, D=D, z=z,
+                                initial_states=initial_states, seq_idx=seq_idx,
+                                float_dtypes=weight_dtypes(x),
+                                activation_dtypes=ACTIVATION_DTYPES, check_values=False),
+        outputs=lambda dims: {"y": (dims.shape("y"), "x"),
+                              "final_states": (dims.shape("final_states"), None)},
+        launches=lambda a, backend, errors: [ssd_scan_launch(
+            a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], a["initial_states"], a["D"],
+            a["z"], a["seg"], a["y"], a["final_states"], backend.sm_count, choice,
+            errors=errors)],
+        check_values=check_values, values=("D",))
+    return a["y"], a["final_states"]

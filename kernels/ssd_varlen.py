@@ -19,12 +19,12 @@ at all when the word shows no refusal.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import cuda.tile as ct
 
-from contract import dtype_name
-from kernels.arrays import (MMA_MIN, checked_D, gate, int32_indexed, mma_operand, mma_product,
-                           needs_int64, pow2_tile)
+from kernels.arrays import (MMA_MIN, LaunchDims, checked_D, gate, int32_indexed, launch_dims,
+                           mma_operand, mma_product, needs_int64, pow2_tile)
 from kernels.constants import ERROR_CU_SEQLENS, LOG2E
 
 # tokens per step, at most the chunk: each block's decay cumsum then adds no more terms than
@@ -36,6 +36,15 @@ BLOCK_T = 64
 OCCUPANCIES = {"bfloat16": 3}
 OCCUPANCY_OTHERS = 2
 REFUSED_BLOCK_T = 64  # token rows per NaN tile of _ssd_varlen_refused_kernel
+
+
+class Choice(NamedTuple):
+    """One launch configuration of ssd_varlen beyond its shapes."""
+    occupancy: int  # programs per SM (the kernel object's hint)
+
+
+# the declared search space: the occupancy hints of its kernel objects
+CHOICES = (Choice(OCCUPANCY_OTHERS), Choice(OCCUPANCIES["bfloat16"]))
 
 
 def _ssd_varlen_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.IndexedWithInt64,
@@ -148,6 +157,11 @@ def _tiles(headdim: int, dstate: int, chunk_size: int) -> tuple[int, int, int]:
             pow2_tile(dstate, lo=MMA_MIN))
 
 
+def rules_choice(dims: LaunchDims, sm_count) -> Choice:
+    """The rules' Choice (OCCUPANCIES by the activations' dtype), whatever the device."""
+    return Choice(OCCUPANCIES.get(dims.dtype, OCCUPANCY_OTHERS))
+
+
 def ssd_varlen_launches(x, B, C, dt_out, A, cu_seqlens, initial_states, D, z, y, varlen_states,
                         *, errors=None) -> list[tuple]:
     """[(kernel, grid, kernel args)] of ssd_varlen, then of its refusal's NaN (y need not be
@@ -164,7 +178,7 @@ def ssd_varlen_launches(x, B, C, dt_out, A, cu_seqlens, initial_states, D, z, y,
     if needs_int64(*args):
         raise ValueError("cu_seqlens: a packed row with an array of 2^31 elements or more is "
                          "not supported (int32 indices only)")
-    kernel = _KERNELS[OCCUPANCIES.get(dtype_name(x), OCCUPANCY_OTHERS)]
+    kernel = _KERNELS[rules_choice(launch_dims(x, B, dt_out), sm_count=None).occupancy]
     refused = (y, varlen_states, errors, REFUSED_BLOCK_T, block_p, dstate_tile)
     return [(kernel, (-(-headdim // block_p), nheads, num_seqs), args),
             (_ssd_varlen_refused, (nheads,), refused)]

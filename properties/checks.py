@@ -24,7 +24,7 @@ import reference as R
 from contract import Dims
 from kernels import (chunk_cumsum, compute_out, fwd_pass_state, raise_pending_errors, ssd_forward,
                      ssd_scan)
-from kernels.arrays import Backend, gpu_available
+from kernels.arrays import Backend, LaunchDims, gpu_available
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, RULES_BLOCK_T, RULES_OCCUPANCY
 from kernels.compute_out import compute_out_choices
 from kernels.fwd_pass_state import BLOCK_KS, BLOCK_NS, BLOCK_PS, MODES, PASS_BLOCKS
@@ -564,7 +564,7 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate)
     floor = _floor(p, dt_out, states_M, final_M)
     metrics = []
-    rules = fwd_pass_state_rules(d.batch, d.nheads, d.headdim, d.dstate, d.chunk_size, 1)
+    rules = fwd_pass_state_rules(LaunchDims(d), 1)
     for mode, (name, tiles) in itertools.product(MODES, FWD_PASS_STATE_TILES.items()):
         states, final = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states,
                               p.seq_idx, choice=rules._replace(mode=mode, **tiles),

@@ -328,13 +328,11 @@ CATALOGUE = [
            "               D is not None and check_D)", "               False)",
            "compute_out alone makes a bad D's y NaN but reports nothing: no error names D"),
     Mutant("chunk_cumsum_alone_host_check_skips_dt_bias", "kernels/chunk_cumsum.py",
-           "check_vector_values(A, dt_bias=dt_bias)", "check_vector_values(A)",
+           'values=("A", "dt_bias")', 'values=("A",)',
            "chunk_cumsum alone checks A on the host but not dt_bias: a bad dt_bias is found on "
            "the device only, where the caller asked for an error at once"),
     Mutant("compute_out_alone_host_check_dropped", "kernels/compute_out.py",
-           "    if check_on_host(check_values, backend) and D is not None:\n"
-           "        check_vector_values(D=D)\n    word = open_word(backend, \"compute_out\")",
-           "    word = open_word(backend, \"compute_out\")",
+           'check_values=check_values, values=("D",))', "check_values=check_values)",
            "compute_out alone never checks D on the host: check_values=True raises nothing"),
     Mutant("varlen_start_check_dropped", "kernels/chunk_cumsum.py",
            "wrong = (end < start) | ((k == 0) & (start != 0)) | ",

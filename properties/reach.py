@@ -38,7 +38,7 @@ from pathlib import Path
 import cuda.tile as ct
 
 from contract import Dims, dtype_name, element_strides
-from kernels.arrays import Backend, index_dtype, needs_int64
+from kernels.arrays import Backend, LaunchDims, index_dtype, needs_int64
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, compute_out_choices, compute_out_launch
 from kernels.fwd_pass_state import MODES, fwd_pass_state_launches
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
@@ -333,8 +333,7 @@ def _own_launches(kind: str, d: Dims, opts: dict, sm_count: int, params) -> list
                 for launch in part]
     a = _arrays(d, opts)
     if kind == "fwd_pass_state_alone":
-        rules = fwd_pass_state_rules(d.batch, d.nheads, d.headdim, d.dstate, d.chunk_size,
-                                     sm_count)
+        rules = fwd_pass_state_rules(LaunchDims(d), sm_count)
         return [launch for mode, tiles in itertools.product(MODES, FWD_PASS_STATE_TILES.values())
                 for launch in fwd_pass_state_launches(
                     a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg, a.chunk_states,
@@ -363,8 +362,7 @@ def _narrow_launches(kind: str, d: Dims, opts: dict, sm_count: int) -> list:
     rules, and fwd_pass_state with bfloat16 chunk states in each mode too."""
     a = _arrays(d, opts, "bfloat16")
     if kind == "fwd_pass_state_alone":
-        rules = fwd_pass_state_rules(d.batch, d.nheads, d.headdim, d.dstate, d.chunk_size,
-                                     sm_count)
+        rules = fwd_pass_state_rules(LaunchDims(d), sm_count)
         states = _Stand(d.shape("chunk_states"), "bfloat16")
         return [launch for chunk_states, choice in [(a.chunk_states, None), *(
                     (states, rules._replace(mode=mode)) for mode in MODES)]

@@ -31,6 +31,7 @@ from benchmarks import compare, perf_model, plot, report
 from benchmarks.configs import (ANCHORS, SPEC_MAMBA_MS, SWEEP_SEQLENS, TARGET_FP32_MS, dims_of,
                                 row_inputs, sweep_config)
 from benchmarks.timing import GpuClock, cupy_flush, cupy_idle, measure
+from kernels.arrays import launch_dims
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -848,17 +849,16 @@ def _sweep_runnable(sweep, kernel, config):
     kernel module (what sweep_choices must draw from)."""
     mod = sweep.kernel_module(kernel)
     a = sweep.stand_ins(config)
-    batch, _, nheads, headdim, dstate, _, chunk = config
+    chunk = config[-1]
+    dims = launch_dims(a["x"], a["B"], a["dt_out"])  # no seq_idx, int32 indices
+    rules = mod.rules_choice(dims, SWEEP_SM_COUNT)
     if kernel == "chunk_cumsum":
-        return mod.rules_choice(), list(mod.CHOICES)
+        return rules, list(mod.CHOICES)
     if kernel == "fwd_pass_state":
-        return (mod.rules_choice(batch, nheads, headdim, dstate, chunk, SWEEP_SM_COUNT),
-                [c for c in mod.CHOICES if c.mode in mod.modes(chunk)])
+        return rules, [c for c in mod.CHOICES if c.mode in mod.modes(chunk)]
     if kernel == "ssd_scan":
-        return mod.rules_choice(a["x"], SWEEP_SM_COUNT), mod.ssd_scan_choices(a["x"], a["B"])
-    arrays = sweep.compute_out_arrays(a)
-    return (mod.rules_choice(a["x"], a["B"], a["dt_out"], None, False, SWEEP_SM_COUNT),
-            mod.compute_out_choices(*arrays))
+        return rules, mod.ssd_scan_choices(a["x"], a["B"])
+    return rules, mod.compute_out_choices(*sweep.compute_out_arrays(a))
 
 
 @pytest.mark.parametrize("row", list(ANCHORS))

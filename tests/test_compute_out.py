@@ -5,6 +5,7 @@ import pytest
 
 import reference as R
 from contract import Dims
+from kernels.arrays import launch_dims
 from kernels import compute_out
 from kernels.compute_out import LAYOUTS, compute_out_choices, rules_choice
 from properties.bounds import KAPPA
@@ -49,8 +50,8 @@ def test_compute_out_matches_reference(case, layout, backend, request):
     y_ref = R.compute_out_ref(**inputs)
     M = R.compute_out_magnitude(**inputs)
     seg = inputs["seq_idx"]  # stands in for its segment ids: the choices read its shape
-    choice = rules_choice(inputs["x"], inputs["B"], dt_out, seg, False, H200_SMS)._replace(
-        layout=layout)
+    choice = rules_choice(launch_dims(inputs["x"], inputs["B"], dt_out, seg=seg),
+                          H200_SMS)._replace(layout=layout)
     runnable = compute_out_choices(*(inputs[n] for n in (
         "x", "B", "C", "dt_out", "dA_cumsum", "chunk_states", "D", "z")), seg, inputs["x"])
     with recorded_launches() as launches:

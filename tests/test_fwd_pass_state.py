@@ -5,6 +5,7 @@ import pytest
 
 import reference as R
 from kernels import fwd_pass_state
+from kernels.arrays import launch_dims
 from kernels.fwd_pass_state import MODES, fwd_pass_state_launches, rules_choice
 from properties.bounds import KAPPA
 from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
@@ -38,8 +39,7 @@ def test_fwd_pass_state_matches_reference(case, mode, backend, request):
                   initial_states=kw.get("initial_states"), seq_idx=kw.get("seq_idx"))
     states_ref, final_ref = R.fwd_pass_state_ref(**inputs)
     states_M, final_M = R.fwd_pass_state_magnitude(**inputs)
-    choice = rules_choice(case.batch, case.nheads, case.headdim, case.dstate, case.chunk_size,
-                          1)._replace(mode=mode)
+    choice = rules_choice(launch_dims(kw["x"], kw["B"], dt_out), 1)._replace(mode=mode)
     with recorded_launches() as launches:
         states, final = fwd_pass_state(**on_backend(backend, inputs), choice=choice)
     assert [name for name, _, _ in launches] == MODE_KERNELS[mode]
@@ -97,7 +97,7 @@ def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k):
 def test_a_choice_that_cannot_run_is_refused(choice):
     case = next(c for c in CASES if c.id == "base_chunk64")
     kw, dt_out, dA_cumsum = stage_inputs(case)
-    rules = rules_choice(case.batch, case.nheads, case.headdim, case.dstate, case.chunk_size, 1)
+    rules = rules_choice(launch_dims(kw["x"], kw["B"], dt_out), 1)
     with recorded_launches() as launches, pytest.raises(ValueError, match="^choice: "):
         fwd_pass_state(kw["x"], kw["B"], dt_out, dA_cumsum, choice=rules._replace(**choice))
     assert not launches

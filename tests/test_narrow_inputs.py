@@ -13,9 +13,10 @@ import pytest
 
 import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
+from kernels.arrays import launch_dims
+from kernels.call import Call
 from kernels.fwd_pass_state import MODES
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
-from kernels.call import Call
 from kernels.plan import plan_of
 from properties.bounds import narrow_output_bound
 from properties.checks import FP16_PUSH, check_close, forward_bounds, to_host
@@ -212,7 +213,8 @@ def test_bfloat16_chunk_states_within_bound(backend):
     on = on_backend(backend, kw)
     dt_out, dA_cumsum = chunk_cumsum(on["dt"], on["A"], kw["chunk_size"], **step_options(on))
     for mode in MODES:
-        choice = fwd_pass_state_rules(1, 2, 100, 200, 128, 1)._replace(mode=mode)
+        choice = fwd_pass_state_rules(launch_dims(on["x"], on["B"], dt_out), 1)._replace(
+            mode=mode)
         states, final = fwd_pass_state(on["x"], on["B"], dt_out, dA_cumsum, on["initial_states"],
                                        on["seq_idx"], choice=choice, state_dtype=dtype)
         final = to_host(final)

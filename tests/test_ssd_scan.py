@@ -6,6 +6,7 @@ import pytest
 
 import reference as R
 from contract import Dims
+from kernels.arrays import LaunchDims
 from kernels import ssd_scan
 from kernels.ssd_scan import (CHOICES, FEW_PROGRAMS_CHOICE, RULES_CHOICE, rules_choice, scan_runs,
                               ssd_scan_choices)
@@ -98,10 +99,8 @@ def test_the_forward_takes_the_scan_where_its_grid_fills_the_gpu(dims, dtype, ru
 ])
 def test_a_bfloat16_grid_of_one_program_per_sm_or_fewer_runs_eight_worker_warps(dims, dtype,
                                                                                   few):
-    from types import SimpleNamespace
-    x = SimpleNamespace(shape=dims.shape("x"), dtype=dtype)
     expected = FEW_PROGRAMS_CHOICE["bfloat16"] if few else RULES_CHOICE
-    assert rules_choice(x, H200_SMS) == expected
+    assert rules_choice(LaunchDims(dims, dtype), H200_SMS) == expected
 
 
 def test_bad_arguments_are_refused_by_name_before_any_launch():

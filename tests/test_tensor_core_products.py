@@ -11,6 +11,7 @@ import pytest
 import cuda.tile as ct
 
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
+from kernels.arrays import launch_dims
 from kernels.compute_out import LAYOUTS, compute_out_choices, rules_choice
 from kernels.interpreter import record_mma_operands
 from kernels.ssd_scan import FLOAT16_CB_MIN_DSTATE
@@ -46,7 +47,8 @@ def test_every_product_has_tensor_core_operands(case, layout):
         dt_out, dA_cumsum, states = _forward_and_stages(kw)
         arrays = (kw["x"], kw["B"], kw["C"], dt_out, dA_cumsum, states, kw.get("D"), kw.get("z"))
         seg = kw.get("seq_idx")  # stands in for its segment ids: the choices read its shape
-        choice = rules_choice(kw["x"], kw["B"], dt_out, seg, False, 1)._replace(layout=layout)
+        dims = launch_dims(kw["x"], kw["B"], dt_out, seg=seg)
+        choice = rules_choice(dims, 1)._replace(layout=layout)
         if choice in compute_out_choices(*arrays, seg, kw["x"]):
             compute_out(*arrays, seg, choice=choice)
     assert products, "ssd_forward ran no matrix product on the interpreter"
