@@ -36,7 +36,7 @@ def unwritten_reads_fail():
 def nan_filled_outputs():
     """Every output the launchers allocate is NaN before a kernel writes it, so an element no
     program writes cannot pass a comparison (NaN fails every bound and every equality)."""
-    from properties.checks import outputs_filled_with
+    from properties.runner import outputs_filled_with
     with outputs_filled_with(math.nan):
         yield
 

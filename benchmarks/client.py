@@ -85,7 +85,7 @@ def _check(args: dict, y, final, operands: str, stored_states: bool) -> dict:
     """err/bound of y and final_states against the float64 recurrence (ProcessPool worker)."""
     import reference as R
     from properties.bounds import narrow_output_bound
-    from properties.checks import check_close, forward_bounds
+    from properties.compare import check_close, forward_bounds
     from properties.strategies import Problem
     p = Problem(**args)
     y_ref, final_ref = R.ssd_recurrent(p.x, p.dt, p.A, p.B, p.C, **p.options())

@@ -4,8 +4,9 @@ worst offending element, and return metrics (observed bound ratios) for `hypothe
 `PROPERTIES` maps each name to its check and its strategy; the tests, the nightly fuzzer, the
 replayer and the mutant runner all go through it. The backend is 'interpreter' (NumPy arrays:
 the kernels run on the CPU tile interpreter) or 'gpu' (CuPy arrays). A problem's arrays reach
-the kernels laid out as its layout says (on_backend: views of a larger array, as callers pass
-them), wherever a property passes them to a kernel or to the forward.
+the kernels laid out as its layout says, wherever a property passes them to a kernel or to the
+forward (properties.runner: running a case); results are compared with their references within
+the derived bounds by properties.compare.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import reference as R
 from contract import Dims
 from kernels import (chunk_cumsum, compute_out, fwd_pass_state, raise_pending_errors, ssd_forward,
                      ssd_scan)
-from kernels.arrays import Backend, LaunchDims, gpu_available
+from kernels.arrays import LaunchDims
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, RULES_BLOCK_T, RULES_OCCUPANCY
 from kernels.compute_out import compute_out_choices
 from kernels.fwd_pass_state import BLOCK_KS, BLOCK_NS, BLOCK_PS, MODES, PASS_BLOCKS
@@ -35,327 +36,13 @@ from kernels.ssd_scan import RULES_CHOICE as SCAN_RULES_CHOICE
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices
-from properties.bounds import (DECAY_ETA, FTZ_MIN, U_FP32, U_TF32, chunk_cumsum_bound,
-                               decay_term, ftz_floor, kappa, narrow_output_bound, tf32_bound)
+from properties.bounds import (FTZ_MIN, U_FP32, chunk_cumsum_bound, kappa, narrow_output_bound,
+                               tf32_bound)
+from properties.compare import (as_f32, check_close, check_identical, expected_state_dtype,
+                                floor_of, forward_bounds, max_abs, merge_metrics)
 from properties.profiles import buckets, caps
-from properties.strategies import (LAID_OUT, WEIGHT_ARRAYS, Problem, conv_columns, problem,
-                                   problems, projection_columns, spec_of, to_backend)
-
-BACKENDS = ("interpreter", "gpu")
-
-
-def resolve_backend(choice: str) -> str:
-    """'gpu' or 'interpreter' for a command line's --backend (auto: GPU if one is present),
-    with the same device detection as pytest's `backend` fixture (conftest.py)."""
-    if choice == "auto":
-        return "gpu" if gpu_available() else "interpreter"
-    if choice == "gpu" and not gpu_available():
-        raise SystemExit("--backend gpu was asked for but no CUDA device is available")
-    return choice
-
-
-# --------------------------------------------------------------------------------------------
-# Arrays on the backend, kernels with NaN-filled outputs
-
-
-def to_host(a) -> np.ndarray:
-    """A host NumPy copy (a torch bfloat16 tensor as ml_dtypes' bfloat16, the same bits)."""
-    if hasattr(a, "get"):
-        return a.get()
-    if hasattr(a, "detach"):
-        import torch
-        if a.dtype == torch.bfloat16:
-            return a.detach().view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
-        return a.detach().cpu().numpy()
-    return np.asarray(a)
-
-
-@contextlib.contextmanager
-def outputs_filled_with(value: float):
-    """Within the block, every output the launchers allocate (Backend.empty) is filled with
-    `value` first: NaN makes an element no program writes fail every comparison."""
-    empty = Backend.empty
-
-    def filled(self, shape, like=None):
-        out = empty(self, shape, like)
-        out[...] = value
-        return out
-    Backend.empty = filled
-    try:
-        yield
-    finally:
-        Backend.empty = empty
-
-
-def _call(kernel, backend: str, *args, laid_out_as: Problem | None = None, **kwargs):
-    """`kernel` on backend copies of the arguments (C-contiguous; those that are arrays of
-    problem `laid_out_as` laid out as its layout says: on_backend), every output pre-filled with
-    NaN (an element the kernel fails to write cannot pass); outputs back as NumPy arrays."""
-    views = {} if laid_out_as is None else {
-        id(getattr(laid_out_as, n)): a for n, a in on_backend(laid_out_as, backend).items()
-        if a is not None}
-
-    def move(a):
-        if not isinstance(a, np.ndarray):
-            return a
-        return views[id(a)] if id(a) in views else to_backend(a, backend)
-    return _run(kernel, *map(move, args), **{k: move(v) for k, v in kwargs.items()})
-
-
-def _run(kernel, *args, **kwargs):
-    """`kernel` on arguments already on the backend, every output pre-filled with NaN; outputs
-    back as NumPy arrays."""
-    with outputs_filled_with(math.nan):
-        out = kernel(*args, **kwargs)
-    return tuple(to_host(o) for o in out) if isinstance(out, tuple) else to_host(out)
-
-
-def on_backend(p: Problem, backend: str, names=Problem.ARRAYS) -> dict:
-    """p's arrays `names` (None where absent) on `backend`, laid out as p.layout says
-    (strategies.LAYOUTS): those it lays out are views of a larger array built on the backend,
-    whose other elements are NaN (-1 for seq_idx), so that a kernel reading past a view's
-    elements cannot pass; the others C-contiguous copies (to_backend)."""
-    present = {n: getattr(p, n) for n in names if getattr(p, n) is not None}
-    laid = {n: a for n, a in present.items() if n in LAID_OUT[p.layout]}
-    out = {n: None for n in names} | {n: to_backend(a, backend) for n, a in present.items()
-                                      if n not in laid}
-    if p.layout in ("projection", "token_major"):
-        d = p.dims
-        # token-major x, B, C: channels of one (batch, channels, seqlen) array, transposed
-        conv = {n: a for n, a in laid.items()
-                if p.layout == "token_major" and n in conv_columns(d)}
-        rest = {n: a for n, a in laid.items() if n not in conv}
-        return (out | _column_views(conv, conv_columns(d), backend, tokens_last=True)
-                | _column_views(rest, projection_columns(d), backend, tokens_last=False))
-    # a slice [1:] of the batch axis or of the token axis of an array one longer there
-    axis = 0 if p.layout == "batch_slice" else 1
-    index = (slice(None),) * axis + (slice(1, None),)
-    for n, a in laid.items():
-        shape = list(a.shape)
-        shape[axis] += 1
-        whole = np.full(shape, _outside(a.dtype), a.dtype)
-        whole[index] = a
-        out[n] = to_backend(whole, backend)[index]
-    return out
-
-
-def _column_views(arrays: dict, columns: dict, backend: str, tokens_last: bool) -> dict:
-    """`arrays` (batch, seqlen, ...) as views of their columns (`columns`: first, count) of one
-    (batch, seqlen, width) array per dtype among them, built on `backend`, NaN elsewhere; where
-    `tokens_last`, that array lies (batch, width, seqlen), C-contiguous, and is viewed
-    transposed."""
-    views = {}
-    width = sum(w for _, w in columns.values())
-    for dtype in {a.dtype for a in arrays.values()}:  # dt may be float32 beside 16-bit x
-        rows = {n: a for n, a in arrays.items() if a.dtype == dtype}
-        batch, seqlen = next(iter(rows.values())).shape[:2]
-        whole = np.full((batch, seqlen, width), _outside(dtype), dtype)
-        for n, a in rows.items():
-            lo, w = columns[n]
-            whole[:, :, lo:lo + w] = a.reshape(batch, seqlen, w)
-        if tokens_last:
-            whole = to_backend(np.ascontiguousarray(whole.swapaxes(1, 2)),
-                               backend).swapaxes(1, 2)
-        else:
-            whole = to_backend(whole, backend)
-        for n, a in rows.items():
-            lo, w = columns[n]
-            views[n] = whole[:, :, lo:lo + w].reshape(a.shape)  # a view: its last axis split
-    return views
-
-
-def _outside(dtype):
-    """What on_backend puts outside its views: NaN, or -1 for integers (seq_idx)."""
-    return -1 if np.dtype(dtype).kind in "iu" else math.nan
-
-
-def forward(p: Problem, backend: str):
-    """(y, final_states) of ssd_forward on the backend, its arrays laid out as p.layout says
-    (on the GPU, a problem in bfloat16 runs on torch tensors, every array alike: CuPy has no
-    bfloat16), on p's route and batch slices. Every layout is one the kernels read in place, and
-    the call takes the route and the slices asked: AssertionError where the call's launch plan
-    copies an array or launches another route or count of slices (route_of)."""
-    if p.x.dtype == ml_dtypes.bfloat16:
-        backend = _narrow_backend(backend)
-    arrays = on_backend(p, backend)
-    options = dict(chunk_size=p.chunk_size, dt_softplus=p.dt_softplus, dt_limit=p.dt_limit,
-                   route=p.route, batch_parts=p.batch_parts)
-    plan = plan_of(Call(**arrays, **options))
-    if plan.copies:
-        raise AssertionError(f"ssd_forward copies {plan.copies} of layout {p.layout!r} (every "
-                             f"layout of strategies.LAYOUTS is read in place)\n  {p.describe()}")
-    taken = route_of([[launch.kernel for launch in part] for part in plan.parts])
-    parts = None if p.batch_parts is None else min(p.batch_parts, p.dims.batch)
-    if (p.route or taken[0], parts or taken[1]) != taken:
-        raise AssertionError(f"ssd_forward asked for route {p.route}, {p.batch_parts} batch "
-                             f"slices launches {taken}\n  {p.describe()}")
-    return _run(ssd_forward, **arrays, **options, return_final_states=True)
-
-
-def route_of(parts: list[list]) -> tuple[str, int]:
-    """(route, batch slices) of a forward's launches, given as each slice's kernel objects in
-    order: the scan where a slice runs ssd_scan, the chunks in parallel where fwd_pass_state's
-    state pass runs, else in order (kernels.launches.ROUTES); AssertionError where the slices
-    take different routes."""
-    routes = set()
-    for kernels in parts:
-        names = {kernel._pyfunc.__name__ for kernel in kernels}
-        routes.add("scan" if "_ssd_scan_kernel" in names else "chunks_parallel"
-                   if "_state_pass_kernel" in names else "chunks_in_order")
-    if len(routes) != 1:
-        raise AssertionError(f"a forward's batch slices take different routes: {routes}")
-    return routes.pop(), len(parts)
-
-
-# --------------------------------------------------------------------------------------------
-# Expected values and bounds
-
-
-def _max_abs(*arrays) -> list[float]:
-    return [0.0 if a is None else float(np.max(np.abs(a), initial=0.0)) for a in arrays]
-
-
-def _floor(p: Problem, dt_out, *states) -> float:
-    """The flush-to-zero allowance: every factor's largest magnitude (states: the largest of
-    the given state arrays or magnitudes)."""
-    d = p.dims
-    return ftz_floor(d.seqlen, d.dstate, *_max_abs(p.x, p.B, p.C, dt_out, p.D, p.z),
-                     max(_max_abs(*states), default=0.0))
-
-
-@dataclass
-class ForwardBounds:
-    """Per-element bounds on |y - y_ref| and |final_states - ref|: kappa u M + extra, where extra
-    is the fp32-cumsum decay term plus the flush-to-zero floor."""
-
-    M: np.ndarray
-    final_M: np.ndarray
-    kappa_y: float
-    kappa_final: float
-    extra_y: np.ndarray
-    extra_final: np.ndarray
-    floor: float  # the flush-to-zero allowance inside both extras
-
-    @property
-    def y(self) -> np.ndarray:
-        return tf32_bound(self.M, self.kappa_y) + self.extra_y
-
-    @property
-    def final(self) -> np.ndarray:
-        return tf32_bound(self.final_M, self.kappa_final) + self.extra_final
-
-
-# The chunk states' dtype docs/api.md promises where state_dtype is None, by the activations'
-# dtype: the harness's own statement, never the forward's default (kernels.ssd_forward), so that a
-# wrong default cannot loosen the bound it is checked by; test_plan checks the plans keep it.
-DEFAULT_STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
-
-
-def expected_state_dtype(activations: str, state_dtype: str | None) -> str:
-    """The chunk states' dtype of a call with `activations` (x's dtype name) and `state_dtype`."""
-    return DEFAULT_STATE_DTYPES[activations] if state_dtype is None else state_dtype
-
-
-def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: float = 0.0,
-                   chunk_decay_factor: float = 1.0, operands: str = "tfloat32",
-                   stored_states: bool | None = None) -> ForwardBounds:
-    """Bounds of ssd_forward on `p` at `chunk_size` (default p's), from bounds.py.
-
-    `extra_kappa` adds TF32 roundings on the way (a state handed from one call to the next);
-    `chunk_decay_factor` scales Lambda, the largest in-chunk decay, for runs whose chunks start
-    elsewhere than p's (a chunk of another run overlaps at most 2 of p's chunks: factor 2);
-    `operands`: the products' operand format, the inputs' dtype for 16-bit inputs
-    (bounds.kappa); `stored_states`: the chunk states stored in bfloat16 (bounds.kappa), None:
-    as docs/api.md says ssd_forward stores them by default (DEFAULT_STATE_DTYPES).
-    """
-    cs = chunk_size or p.chunk_size
-    d = p.dims
-    opts = p.options()
-    if stored_states is None:
-        stored_states = (operands != "tfloat32"
-                         and expected_state_dtype(operands, None) != "float32")
-    A_weaker = np.asarray(p.A, np.float64) * (1.0 - DECAY_ETA)
-    M = R.ssd_magnitude(p.x, p.dt, p.A, p.B, p.C, cs, **opts)
-    M_w = R.ssd_magnitude(p.x, p.dt, A_weaker, p.B, p.C, cs, **opts)
-    cumsum_args = (cs, p.dt_bias, p.dt_softplus, p.dt_limit)
-    dt_out, dA = R.chunk_cumsum_ref(p.dt, p.A, *cumsum_args)
-    _, dA_w = R.chunk_cumsum_ref(p.dt, A_weaker, *cumsum_args)
-    lam = chunk_decay_factor * float(np.max(np.abs(dA)))
-    states_M, final_M = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA, p.initial_states,
-                                                   p.seq_idx)
-    final_M_w = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA_w, p.initial_states,
-                                           p.seq_idx)[1]
-    floor = _floor(p, dt_out, states_M, final_M)
-    k_y = kappa("forward", d.seqlen, cs, d.dstate, operands, stored_states) + extra_kappa
-    k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate, operands, stored_states) + extra_kappa
-    return ForwardBounds(M=M, final_M=final_M, kappa_y=k_y, kappa_final=k_s,
-                         extra_y=decay_term(M, M_w, cs, lam) + floor,
-                         extra_final=decay_term(final_M, final_M_w, cs, lam) + floor, floor=floor)
-
-
-def check_close(what: str, got, ref, bound, M, p: Problem, *, label: str | None = None,
-                floor: float = 0.0, unit: tuple[str, float] = ("u", U_TF32)) -> dict:
-    """Assert every element of `got` is finite and within `bound` of `ref`; return the observed
-    max err/(u*M) (of the error beyond the flush-to-zero allowance `floor`; `unit` names u) and
-    max err/bound, keyed by `label` (default `what`: a stable name for hypothesis.target)."""
-    got = np.asarray(got, np.float64)
-    ref = np.asarray(ref, np.float64)
-    bad = ~np.isfinite(got)
-    if bad.any():
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} non-finite outputs, first at {idx} "
-                             f"({got[idx]}; reference {ref[idx]:.6g})\n  {p.describe()}")
-    err = np.abs(got - ref)
-    bound = np.broadcast_to(bound, err.shape)
-    use = err / np.where(bound > 0, bound, np.inf)
-    use[(err > 0) & (bound <= 0)] = np.inf
-    worst = np.unravel_index(int(np.argmax(use)), use.shape) if use.size else ()
-    over = err > bound
-    M = np.broadcast_to(M, err.shape)
-    beyond = np.maximum(err - floor, 0.0)
-    ratio = float(np.max(np.where(M > 0, beyond / np.where(M > 0, M, 1.0), 0.0),
-                         initial=0.0)) / unit[1]
-    if over.any():
-        w = tuple(int(i) for i in worst)
-        raise AssertionError(
-            f"{what}: {int(over.sum())} of {err.size} elements outside the bound; worst at {w}: "
-            f"got {got[w]:.9g}, reference {ref[w]:.9g}, |err| {err[w]:.3g} > bound {bound[w]:.3g} "
-            f"(err/({unit[0]}*M) = {err[w] / (unit[1] * M[w]) if M[w] > 0 else math.inf:.3g}, "
-            f"max over elements {ratio:.3g})\n  {p.describe()}")
-    label = label or what
-    return {f"{label} err/({unit[0]}*M)": ratio,
-            f"{label} err/bound": float(np.max(use, initial=0.0))}
-
-
-def check_identical(what: str, got, expected, p: Problem):
-    """Assert bit-identical arrays (same shape, same bits, no NaN)."""
-    got, expected = np.asarray(got), np.asarray(expected)
-    if got.shape != expected.shape:
-        raise AssertionError(f"{what}: shapes differ, {got.shape} vs {expected.shape}\n"
-                             f"  {p.describe()}")
-    for name, a in (("got", got), ("expected", expected)):
-        if a.dtype.kind == "f" and np.isnan(a).any():  # NaN-filled, never written: equal bits
-            w = tuple(int(i) for i in np.argwhere(np.isnan(a))[0])
-            raise AssertionError(f"{what}: {int(np.isnan(a).sum())} NaN elements in {name}, "
-                                 f"first at {w}\n  {p.describe()}")
-    same = (got.view(np.uint32) == expected.view(np.uint32)) if got.dtype == np.float32 \
-        else got == expected
-    if not same.all():
-        w = tuple(int(i) for i in np.argwhere(~same)[0])
-        raise AssertionError(f"{what}: {int((~same).sum())} of {same.size} elements differ; "
-                             f"first at {w}: {got[w]!r} vs {expected[w]!r}\n  {p.describe()}")
-
-
-def _f32(a):
-    return None if a is None else np.asarray(a, np.float32)
-
-
-def _merge(*metrics: dict) -> dict:
-    out = {}
-    for m in metrics:
-        out.update(m)
-    return out
-
+from properties.runner import BACKENDS, forward, narrow_backend, on_backend, run_on
+from properties.strategies import WEIGHT_ARRAYS, Problem, problem, problems, spec_of
 
 # --------------------------------------------------------------------------------------------
 # The properties
@@ -367,9 +54,10 @@ def forward_tf32_bound(p: Problem, backend: str) -> dict:
     y, final = forward(p, backend)
     y_ref, final_ref = R.ssd_recurrent(p.x, p.dt, p.A, p.B, p.C, **p.options())
     b = forward_bounds(p)
-    return _merge(check_close("forward y", y, y_ref, b.y, b.M, p, floor=b.floor),
-                  check_close("forward final_states", final, final_ref, b.final, b.final_M, p,
-                              floor=b.floor))
+    return merge_metrics(
+        check_close("forward y", y, y_ref, b.y, b.M, p, floor=b.floor),
+        check_close("forward final_states", final, final_ref, b.final, b.final_M, p,
+                    floor=b.floor))
 
 
 # y's largest magnitude in the float16 property: below float16's largest finite, 65504, with
@@ -392,13 +80,13 @@ def _as_float16(p: Problem) -> Problem:
     the same values."""
     f16 = lambda a, scale=1.0: None if a is None else (np.asarray(a, np.float64) * scale).astype(
         np.float16)
-    x, B, C = (f16(a, _pow2_scale(_max_abs(a)[0], 2.0 ** 10)) for a in (p.x, p.B, p.C))
+    x, B, C = (f16(a, _pow2_scale(max_abs(a)[0], 2.0 ** 10)) for a in (p.x, p.B, p.C))
     q = p.replace(x=x, B=B, C=C, z=f16(p.z))
     if p.weights == "activation":
         q = q.replace(dt=f16(p.dt), dt_bias=f16(p.dt_bias), D=f16(p.D), initial_states=f16(
-            p.initial_states, _pow2_scale(_max_abs(p.initial_states)[0], 2.0 ** 10)))
+            p.initial_states, _pow2_scale(max_abs(p.initial_states)[0], 2.0 ** 10)))
     y_ref, _ = R.ssd_recurrent(q.x, q.dt, q.A, q.B, q.C, **q.options())
-    scale = _pow2_scale(_max_abs(y_ref)[0], FP16_Y_MAX)
+    scale = _pow2_scale(max_abs(y_ref)[0], FP16_Y_MAX)
     if scale == 1.0:
         return q
     init = q.initial_states
@@ -433,12 +121,12 @@ def forward_bf16_bound(p: Problem, backend: str) -> dict:
     y_ref, final_ref = R.ssd_recurrent(wide.x, wide.dt, wide.A, wide.B, wide.C,
                                        **wide.options())
     b = forward_bounds(wide, operands="bfloat16",
-                       stored_states=_keeps_chunk_states(q, _narrow_backend(backend)))
-    return _merge(check_close("bf16 y", y.astype(np.float64), y_ref,
-                              narrow_output_bound(y_ref, b.y, "bfloat16"), b.M, wide,
-                              floor=b.floor),
-                  check_close("bf16 final_states", final, final_ref, b.final, b.final_M, wide,
-                              floor=b.floor))
+                       stored_states=_keeps_chunk_states(q, narrow_backend(backend)))
+    return merge_metrics(
+        check_close("bf16 y", y.astype(np.float64), y_ref,
+                    narrow_output_bound(y_ref, b.y, "bfloat16"), b.M, wide, floor=b.floor),
+        check_close("bf16 final_states", final, final_ref, b.final, b.final_M, wide,
+                    floor=b.floor))
 
 
 def _keeps_chunk_states(q: Problem, backend: str) -> bool:
@@ -469,9 +157,9 @@ def forward_fp16_bound(p: Problem, backend: str) -> dict:
     rounding them to float16 would make inf, within the same bound."""
     q = _as_float16(p)
     pushed = _weights_past_float16(q)
-    return _merge(_fp16_forward_within_bound("fp16", q, backend),
-                  *([] if pushed is None else [_fp16_forward_within_bound(
-                      "fp16 weights past float16's range", pushed, backend)]))
+    return merge_metrics(_fp16_forward_within_bound("fp16", q, backend),
+                         *([] if pushed is None else [_fp16_forward_within_bound(
+                             "fp16 weights past float16's range", pushed, backend)]))
 
 
 def _fp16_forward_within_bound(what: str, q: Problem, backend: str) -> dict:
@@ -481,10 +169,11 @@ def _fp16_forward_within_bound(what: str, q: Problem, backend: str) -> dict:
                              f"(want float16, float32)\n  {q.describe()}")
     y_ref, final_ref = R.ssd_recurrent(q.x, q.dt, q.A, q.B, q.C, **q.options())
     b = forward_bounds(q, operands="float16")
-    return _merge(check_close(f"{what} y", y, y_ref, narrow_output_bound(y_ref, b.y, "float16"),
-                              b.M, q, floor=b.floor),
-                  check_close(f"{what} final_states", final, final_ref, b.final, b.final_M, q,
-                              floor=b.floor))
+    return merge_metrics(
+        check_close(f"{what} y", y, y_ref, narrow_output_bound(y_ref, b.y, "float16"), b.M, q,
+                    floor=b.floor),
+        check_close(f"{what} final_states", final, final_ref, b.final, b.final_M, q,
+                    floor=b.floor))
 
 
 # how far past float16's largest finite value a pushed operand goes (twice its range: it must
@@ -508,7 +197,7 @@ def _weights_past_float16(q: Problem) -> Problem | None:
     if not 0.0 < largest < FP16_PUSH:
         return None
     k = math.ceil(math.log2(FP16_PUSH / largest))
-    if _max_abs(q.B)[0] * 2.0 ** k >= 2.0 ** 15:
+    if max_abs(q.B)[0] * 2.0 ** k >= 2.0 ** 15:
         return None
     f16 = lambda a, e: (np.asarray(a, np.float64) * 2.0 ** e).astype(np.float16)
     return q.replace(B=f16(q.B, k), x=f16(q.x, -k))
@@ -517,13 +206,13 @@ def _weights_past_float16(q: Problem) -> Problem | None:
 def chunk_cumsum_alone(p: Problem, backend: str) -> dict:
     """chunk_cumsum alone: dt_out within C_DT u32 relative, dA_cumsum within gamma |a|."""
     args = (p.chunk_size, p.dt_bias, p.dt_softplus, p.dt_limit)
-    dt_out, dA = _call(chunk_cumsum, backend, p.dt, p.A, *args, laid_out_as=p)
+    dt_out, dA = run_on(chunk_cumsum, backend, p.dt, p.A, *args, laid_out_as=p)
     dt_ref, dA_ref = R.chunk_cumsum_ref(p.dt, p.A, *args)
     dt_bound, dA_bound = chunk_cumsum_bound(dt_ref, dA_ref, p.chunk_size)
     # + the flush-to-zero allowance: every term dt * A below 2^-126 may vanish; the observed
     # error is reported relative to |ref| in fp32 units (these are fp32 computations)
     u32 = ("u32", U_FP32)
-    return _merge(
+    return merge_metrics(
         check_close("chunk_cumsum dt_out", dt_out, dt_ref, dt_bound + FTZ_MIN, np.abs(dt_ref), p,
                     floor=FTZ_MIN, unit=u32),
         check_close("chunk_cumsum dA_cumsum", dA, dA_ref, dA_bound + p.chunk_size * FTZ_MIN,
@@ -533,10 +222,10 @@ def chunk_cumsum_alone(p: Problem, backend: str) -> dict:
 def _exact_upstream(p: Problem):
     """dt_out, dA_cumsum and chunk_states of the float64 references rounded to float32: the
     inputs of one kernel alone, exactly representable so kernel and reference read the same."""
-    dt_out, dA = (_f32(a) for a in R.chunk_cumsum_ref(p.dt, p.A, p.chunk_size, p.dt_bias,
-                                                      p.dt_softplus, p.dt_limit))
+    dt_out, dA = (as_f32(a) for a in R.chunk_cumsum_ref(p.dt, p.A, p.chunk_size, p.dt_bias,
+                                                        p.dt_softplus, p.dt_limit))
     states, _ = R.fwd_pass_state_ref(p.x, p.B, dt_out, dA, p.initial_states, p.seq_idx)
-    return dt_out, dA, _f32(states)
+    return dt_out, dA, as_f32(states)
 
 
 # fwd_pass_state_alone's tiles: the rules', and the smallest declared ones (several blocks of
@@ -562,13 +251,13 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     states_M, final_M = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA, p.initial_states,
                                                    p.seq_idx)
     k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate)
-    floor = _floor(p, dt_out, states_M, final_M)
+    floor = floor_of(p, dt_out, states_M, final_M)
     metrics = []
     rules = fwd_pass_state_rules(LaunchDims(d), 1)
     for mode, (name, tiles) in itertools.product(MODES, FWD_PASS_STATE_TILES.items()):
-        states, final = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states,
-                              p.seq_idx, choice=rules._replace(mode=mode, **tiles),
-                              laid_out_as=p)
+        states, final = run_on(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states,
+                               p.seq_idx, choice=rules._replace(mode=mode, **tiles),
+                               laid_out_as=p)
         metrics += [
             check_close(f"fwd_pass_state ({mode}, {name} tiles) chunk_states", states,
                         states_ref, tf32_bound(states_M, k) + floor, states_M, p, floor=floor),
@@ -583,17 +272,17 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
     mags = R.fwd_pass_state_magnitude(wide.x, wide.B, dt_out, dA, wide.initial_states,
                                       wide.seq_idx)
     k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate, "bfloat16")
-    floor = _floor(wide, dt_out, *mags)
-    outs = _call(fwd_pass_state, _narrow_backend(backend), q.x, q.B, dt_out, dA,
-                 q.initial_states, q.seq_idx, laid_out_as=q)
+    floor = floor_of(wide, dt_out, *mags)
+    outs = run_on(fwd_pass_state, narrow_backend(backend), q.x, q.B, dt_out, dA,
+                  q.initial_states, q.seq_idx, laid_out_as=q)
     for what, out, ref, M in zip(("chunk_states", "final_states"), outs, refs, mags):
         metrics.append(check_close(f"fwd_pass_state bf16 {what}", out, ref,
                                    tf32_bound(M, k) + floor, M, wide, floor=floor))
     k = kappa("fwd_pass_state", d.seqlen, d.chunk_size, d.dstate, "bfloat16", stored_states=True)
     for mode in MODES:  # the chunk states stored in bfloat16: the increments too, in parallel
-        states, final = _call(fwd_pass_state, _narrow_backend(backend), q.x, q.B, dt_out, dA,
-                              q.initial_states, q.seq_idx, choice=rules._replace(mode=mode),
-                              state_dtype="bfloat16", laid_out_as=q)
+        states, final = run_on(fwd_pass_state, narrow_backend(backend), q.x, q.B, dt_out, dA,
+                               q.initial_states, q.seq_idx, choice=rules._replace(mode=mode),
+                               state_dtype="bfloat16", laid_out_as=q)
         if states.dtype != ml_dtypes.bfloat16:
             raise AssertionError(f"state_dtype bfloat16 gave chunk_states {states.dtype}\n  "
                                  f"{wide.describe()}")
@@ -605,12 +294,7 @@ def fwd_pass_state_alone(p: Problem, backend: str) -> dict:
                     check_close(f"fwd_pass_state ({mode}) bf16 stored final_states", final,
                                 refs[1], tf32_bound(mags[1], k) + floor, mags[1], wide,
                                 floor=floor)]
-    return _merge(*metrics)
-
-
-def _narrow_backend(backend: str) -> str:
-    """The backend of a call with bfloat16 arrays: torch tensors on the GPU (CuPy has none)."""
-    return "torch" if backend == "gpu" else backend
+    return merge_metrics(*metrics)
 
 
 def compute_out_alone_choices(runnable: list, params: dict) -> list:
@@ -641,7 +325,7 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
     y_ref = R.compute_out_ref(*args)
     M = R.compute_out_magnitude(*args)
     bound = tf32_bound(M, kappa("compute_out", d.seqlen, d.chunk_size, d.dstate))
-    floor = _floor(p, dt_out, states)
+    floor = floor_of(p, dt_out, states)
     choices = compute_out_alone_choices(compute_out_choices(*args, p.x), p.params)
     if not any(c.layout == "token_blocks" for c in choices):  # checked nothing of its own
         raise ValueError(f"compute_out_alone: no choice at occupancy "
@@ -649,7 +333,7 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
                          f"{p.describe()}")
     metrics = []
     for choice in choices:
-        y = _call(compute_out, backend, *args, choice=choice, laid_out_as=p)
+        y = run_on(compute_out, backend, *args, choice=choice, laid_out_as=p)
         metrics.append(check_close(
             f"compute_out ({choice.layout}, {choice.heads} heads, occupancy {choice.occupancy}, "
             f"block_t {choice.block_t}) y", y, y_ref, bound + floor, M, p, floor=floor))
@@ -660,19 +344,19 @@ def compute_out_alone(p: Problem, backend: str) -> dict:
     dt_out, dA, states = _exact_upstream(wide)
     args = (wide.x, wide.B, wide.C, dt_out, dA, states, wide.D, wide.z, wide.seq_idx)
     y_ref, M = R.compute_out_ref(*args), R.compute_out_magnitude(*args)
-    floor = _floor(wide, dt_out, states)
+    floor = floor_of(wide, dt_out, states)
     bound = tf32_bound(M, kappa("compute_out", d.seqlen, d.chunk_size, d.dstate, "bfloat16"))
-    y = _call(compute_out, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA, states, q.D, q.z,
-              q.seq_idx, laid_out_as=q)
+    y = run_on(compute_out, narrow_backend(backend), q.x, q.B, q.C, dt_out, dA, states, q.D, q.z,
+               q.seq_idx, laid_out_as=q)
     metrics.append(check_close("compute_out bf16 y", y.astype(np.float64), y_ref,
                                narrow_output_bound(y_ref, bound + floor, "bfloat16"), M, wide,
                                floor=floor))
     # chunk states stored in bfloat16 (state_dtype) are the state operand compute_out rounds
     # float32 ones to (nearest even): the same y, bit for bit
-    y16 = _call(compute_out, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA,
-                states.astype(ml_dtypes.bfloat16), q.D, q.z, q.seq_idx, laid_out_as=q)
+    y16 = run_on(compute_out, narrow_backend(backend), q.x, q.B, q.C, dt_out, dA,
+                 states.astype(ml_dtypes.bfloat16), q.D, q.z, q.seq_idx, laid_out_as=q)
     check_identical("compute_out bf16 y of bfloat16 chunk states", y16, y, wide)
-    return _merge(*metrics)
+    return merge_metrics(*metrics)
 
 
 def _wide(q: Problem) -> Problem:
@@ -702,7 +386,7 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
     for choice in ssd_scan_choices(p.x, p.B):
         if (choice.occupancy, choice.warps) != hints:
             continue
-        y, final = _call(ssd_scan, backend, p.x, *args, **kw, choice=choice, laid_out_as=p)
+        y, final = run_on(ssd_scan, backend, p.x, *args, **kw, choice=choice, laid_out_as=p)
         name = (f"ssd_scan ({choice.heads} heads, block_p {choice.block_p}, occupancy "
                 f"{choice.occupancy}, worker warps {choice.warps})")
         metrics += [check_close(f"{name} y", y, y_ref, b.y, b.M, p, floor=b.floor),
@@ -715,8 +399,8 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
     q = _as_bfloat16(p)
     wide = _wide(q)
     dt_out, dA, _ = _exact_upstream(wide)
-    y, final = _call(ssd_scan, _narrow_backend(backend), q.x, q.B, q.C, dt_out, dA, D=q.D, z=q.z,
-                     initial_states=q.initial_states, seq_idx=q.seq_idx, laid_out_as=q)
+    y, final = run_on(ssd_scan, narrow_backend(backend), q.x, q.B, q.C, dt_out, dA, D=q.D, z=q.z,
+                      initial_states=q.initial_states, seq_idx=q.seq_idx, laid_out_as=q)
     y_ref, final_ref = R.ssd_recurrent(wide.x, wide.dt, wide.A, wide.B, wide.C,
                                        **wide.options())
     b = forward_bounds(wide, operands="bfloat16", stored_states=False)  # the scan keeps none
@@ -725,19 +409,19 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
                             floor=b.floor),
                 check_close("ssd_scan bf16 final_states", final, final_ref, b.final, b.final_M,
                             wide, floor=b.floor)]
-    return _merge(*metrics)
+    return merge_metrics(*metrics)
 
 
 def three_kernels(p: Problem, backend: str):
     """y of chunk_cumsum, fwd_pass_state and compute_out called in turn at their rules' choices:
     the forward where it does not take the scan (a small grid on a GPU; never on the
     interpreter, whose one SM takes the scan wherever it can run)."""
-    dt_out, dA = _call(chunk_cumsum, backend, p.dt, p.A, p.chunk_size, p.dt_bias, p.dt_softplus,
-                       p.dt_limit, laid_out_as=p)
-    states, _ = _call(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states, p.seq_idx,
-                      laid_out_as=p)
-    return _call(compute_out, backend, p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx,
-                 laid_out_as=p)
+    dt_out, dA = run_on(chunk_cumsum, backend, p.dt, p.A, p.chunk_size, p.dt_bias, p.dt_softplus,
+                        p.dt_limit, laid_out_as=p)
+    states, _ = run_on(fwd_pass_state, backend, p.x, p.B, dt_out, dA, p.initial_states, p.seq_idx,
+                       laid_out_as=p)
+    return run_on(compute_out, backend, p.x, p.B, p.C, dt_out, dA, states, p.D, p.z, p.seq_idx,
+                  laid_out_as=p)
 
 
 def causal_prefix(p: Problem, backend: str) -> dict:
@@ -800,8 +484,8 @@ def varlen_packed(p: Problem, backend: str) -> dict:
     y within narrow_output_bound at kappa of bfloat16 operands. Without drawn lengths (a cover
     problem): 0, 1, chunk - 1, chunk, chunk + 1, then the rest."""
     q, cu = _packed_row(p)
-    return _merge(_packed_against_alone(q, cu, backend),
-                  _packed_against_alone(_as_bfloat16(q), cu, _narrow_backend(backend)))
+    return merge_metrics(_packed_against_alone(q, cu, backend),
+                         _packed_against_alone(_as_bfloat16(q), cu, narrow_backend(backend)))
 
 
 def _packed_against_alone(q: Problem, cu, backend: str) -> dict:
@@ -810,9 +494,9 @@ def _packed_against_alone(q: Problem, cu, backend: str) -> dict:
     narrow = q.x.dtype == ml_dtypes.bfloat16
     h0 = q.initial_states
     opts = dict(D=q.D, z=q.z, dt_bias=q.dt_bias, dt_softplus=q.dt_softplus, dt_limit=q.dt_limit)
-    y, states = _call(ssd_forward, backend, q.x, q.dt, q.A, q.B, q.C, q.chunk_size,
-                      initial_states=h0, cu_seqlens=cu, return_varlen_states=True,
-                      laid_out_as=q, **opts)
+    y, states = run_on(ssd_forward, backend, q.x, q.dt, q.A, q.B, q.C, q.chunk_size,
+                       initial_states=h0, cu_seqlens=cu, return_varlen_states=True,
+                       laid_out_as=q, **opts)
     metrics = []
     for k in range(len(cu) - 1):
         lo, hi = int(cu[k]), int(cu[k + 1])
@@ -834,13 +518,13 @@ def _packed_against_alone(q: Problem, cu, backend: str) -> dict:
                                 b.M, alone, label="y", floor=b.floor),
                     check_close(f"{what} state", states[k:k + 1], final_ref, b.final, b.final_M,
                                 alone, label="state", floor=b.floor)]
-    return _merge(*metrics)
+    return merge_metrics(*metrics)
 
 
 def cumsum_non_increasing(p: Problem, backend: str) -> dict:
     """chunk_cumsum's dA_cumsum: finite, <= 0, non-increasing within every chunk."""
-    _, dA = _call(chunk_cumsum, backend, p.dt, p.A, p.chunk_size, p.dt_bias, p.dt_softplus,
-                  p.dt_limit, laid_out_as=p)
+    _, dA = run_on(chunk_cumsum, backend, p.dt, p.A, p.chunk_size, p.dt_bias, p.dt_softplus,
+                   p.dt_limit, laid_out_as=p)
     if not np.isfinite(dA).all():
         raise AssertionError(f"dA_cumsum has non-finite entries\n  {p.describe()}")
     if (dA > 0).any():
@@ -886,7 +570,7 @@ def split_carries_state(p: Problem, backend: str) -> dict:
     # a state with fwd_pass_state's own error: + its TF32 roundings
     split = forward_bounds(p, extra_kappa=kappa("fwd_pass_state", d.seqlen, d.chunk_size,
                                                 d.dstate), chunk_decay_factor=2.0)
-    return _merge(
+    return merge_metrics(
         check_close(f"y split at {k} vs single call", np.concatenate([y1, y2], axis=1), y,
                     single.y + split.y, single.M, p, label="split y",
                     floor=single.floor + split.floor),
@@ -911,7 +595,7 @@ def seq_idx_packing(p: Problem, backend: str) -> dict:
             y_sep[b:b + 1, s0:s1] = ys
             final_sep[b:b + 1] = fs
     bounds = forward_bounds(p, chunk_decay_factor=2.0)
-    return _merge(
+    return merge_metrics(
         check_close("y packed with seq_idx vs separate calls", y, y_sep, 2 * bounds.y,
                     bounds.M, p, floor=2 * bounds.floor),
         check_close("final_states packed vs last segment's call", final, final_sep,
@@ -943,8 +627,8 @@ def linearity_in_x(p: Problem, backend: str) -> dict:
     state: y is linear in x)."""
     alpha = 2.0 ** p.params["alpha_log2"]
     rng = np.random.default_rng(p.params["seed"])
-    x2 = _f32(rng.standard_normal(p.x.shape) * (np.abs(p.x).max(initial=0.0) + 1e-30))
-    x12 = _f32(alpha * p.x.astype(np.float64) + x2)
+    x2 = as_f32(rng.standard_normal(p.x.shape) * (np.abs(p.x).max(initial=0.0) + 1e-30))
+    x12 = as_f32(alpha * p.x.astype(np.float64) + x2)
     y1, _ = forward(p, backend)
     y2, _ = forward(p.replace(x=x2), backend)
     y12, _ = forward(p.replace(x=x12), backend)
@@ -1012,14 +696,14 @@ def _alone(path: str, q: Problem, backend: str, check) -> tuple:
     states rounded to float32 (_exact_upstream), computed from q's A and dt_bias, which
     bad_values keeps good on their paths."""
     if path == "chunk_cumsum":
-        return _call(chunk_cumsum, backend, q.dt, q.A, q.chunk_size, q.dt_bias, q.dt_softplus,
-                     q.dt_limit, check_values=check, laid_out_as=q)
+        return run_on(chunk_cumsum, backend, q.dt, q.A, q.chunk_size, q.dt_bias, q.dt_softplus,
+                      q.dt_limit, check_values=check, laid_out_as=q)
     dt_out, dA, states = _exact_upstream(q)
     if path == "ssd_scan":
-        return _call(ssd_scan, backend, q.x, q.B, q.C, dt_out, dA, q.D, q.z, q.initial_states,
-                     q.seq_idx, check_values=check, laid_out_as=q)
-    return (_call(compute_out, backend, q.x, q.B, q.C, dt_out, dA, states, q.D, q.z, q.seq_idx,
-                  check_values=check, laid_out_as=q),)
+        return run_on(ssd_scan, backend, q.x, q.B, q.C, dt_out, dA, q.D, q.z, q.initial_states,
+                      q.seq_idx, check_values=check, laid_out_as=q)
+    return (run_on(compute_out, backend, q.x, q.B, q.C, dt_out, dA, states, q.D, q.z, q.seq_idx,
+                   check_values=check, laid_out_as=q),)
 
 
 def bad_values(p: Problem, backend: str) -> dict:
@@ -1061,12 +745,12 @@ def bad_values(p: Problem, backend: str) -> dict:
                        initial_states=problem.initial_states, dt_softplus=problem.dt_softplus,
                        dt_limit=problem.dt_limit, check_values=check, laid_out_as=problem)
         if packed:
-            return _call(ssd_forward, backend, problem.x, problem.dt, problem.A, problem.B,
-                         problem.C, problem.chunk_size, cu_seqlens=offsets,
-                         return_varlen_states=True, **options)
-        return _call(ssd_forward, backend, problem.x, problem.dt, problem.A, problem.B,
-                     problem.C, problem.chunk_size, seq_idx=problem.seq_idx,
-                     return_final_states=True, **options)
+            return run_on(ssd_forward, backend, problem.x, problem.dt, problem.A, problem.B,
+                          problem.C, problem.chunk_size, cu_seqlens=offsets,
+                          return_varlen_states=True, **options)
+        return run_on(ssd_forward, backend, problem.x, problem.dt, problem.A, problem.B,
+                      problem.C, problem.chunk_size, seq_idx=problem.seq_idx,
+                      return_final_states=True, **options)
     good = call(p, cu, None)
     raise_pending_errors()  # the good call reports nothing
     host_checked = check_values or (check_values is None and backend == "interpreter")

@@ -294,7 +294,7 @@ def devices(backend: str, listed: str | None) -> list[str | None]:
 
 
 def fleet(args) -> int:
-    from properties.checks import resolve_backend
+    from properties.runner import resolve_backend
     backend = resolve_backend(args.backend)
     out = args.out.resolve()
     database = args.database or str(out / "hypothesis-db")

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("auto", "gpu", "interpreter"), default="auto")
     args = parser.parse_args(argv)
-    from properties.checks import resolve_backend
+    from properties.runner import resolve_backend
     backend = resolve_backend(args.backend)
     py = sys.executable
     results = []

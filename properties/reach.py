@@ -46,7 +46,8 @@ from kernels.launches import ROUTES, ForwardArrays, part_launches, varlen_launch
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import ssd_scan_choices, ssd_scan_launch
-from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices, route_of
+from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices
+from properties.runner import route_of
 from properties.profiles import Caps
 from properties.strategies import LAID_OUT, LAYOUTS, drawable, forward_routes, layout_strides
 
@@ -215,7 +216,7 @@ def classes(kernel, grid, args) -> set[str]:
 def forward_classes(parts: list[list[tuple]]) -> set[str]:
     """The classes of one forward call's launches, by batch slice (Backend.launch_parts' lists
     of (kernel, grid, args)): its route with its activations' dtype, and its count of batch
-    slices (properties.checks.route_of); none for a packed row (one route: its kernels' own
+    slices (properties.runner.route_of); none for a packed row (one route: its kernels' own
     classes say it)."""
     if any(kernel._pyfunc.__name__.startswith("_ssd_varlen") for part in parts
            for kernel, _, _ in part):

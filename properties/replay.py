@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         from properties.mutants import run_planted
         return run_planted(args.mutant, ["-m", "properties.replay", "--backend", args.backend,
                                          *(str(p.resolve()) for p in args.paths)])
-    from properties.checks import resolve_backend
+    from properties.runner import resolve_backend
     return replay(args.paths, resolve_backend(args.backend))
 
 

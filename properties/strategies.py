@@ -4,7 +4,7 @@ the arrays from the seed.
 Drawing only small integers and floats (never whole arrays) keeps shrinking effective (towards
 fewer tokens, fewer heads, smaller dims, contiguous arrays, float32 weights, seed 0) and every
 example replays from its `Spec`. Every array is float32 and C-contiguous; the properties lay
-them out as the example's `layout` says where they call the kernels (properties.checks.on_backend)
+them out as the example's `layout` says where they call the kernels (properties.runner.on_backend)
 and round them to 16-bit dtypes as their own dtype and the example's `weights` say; the float64
 references read the same values, so kernel and reference see exactly the same inputs.
 """
@@ -519,7 +519,7 @@ def conv_columns(d: Dims) -> dict[str, tuple[int, int]]:
 
 def layout_strides(layout: str, d: Dims, name: str) -> tuple[int, ...]:
     """The strides in elements of array `name` (its contract shape for `d`) in `layout`, as
-    properties.checks.on_backend's views have them (the reach model's stand-ins take them): a
+    properties.runner.on_backend's views have them (the reach model's stand-ins take them): a
     batch slice is a C-contiguous array (its first element offset)."""
     shape = list(d.shape(name))
     if name not in LAID_OUT[layout] or layout == "batch_slice":

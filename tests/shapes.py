@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from properties.bounds import U_TF32
-from properties.checks import to_backend, to_host
+from properties.runner import to_host
+from properties.strategies import to_backend
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def step_options(kw: dict) -> dict:
 
 def on_backend(backend: str, arrays: dict) -> dict:
     """`arrays` with every NumPy array moved to the backend's array type (CuPy for "gpu", torch
-    CUDA tensors for "torch": properties.checks.to_backend, bfloat16 as its bits)."""
+    CUDA tensors for "torch": properties.strategies.to_backend, bfloat16 as its bits)."""
     if backend == "interpreter":
         return dict(arrays)  # as they are: strided views stay views
     return {k: to_backend(v, backend) if isinstance(v, np.ndarray) else v

@@ -11,7 +11,7 @@ times; L2 flushed before every round; compilation and autotuning in untimed warm
 Before timing, every implementation is checked once on a reduced problem of the same row (batch 1,
 the first 1024 tokens, at most two heads per group; same headdim, dstate, ngroups, chunk_size)
 against the float64 reference, element by element, within the bounds the property suite uses
-(properties.checks.forward_bounds, from properties/bounds.py); a comparator with bf16 inputs
+(properties.compare.forward_bounds, from properties/bounds.py); a comparator with bf16 inputs
 within the same bound of unit u_bf16 (properties.bounds.comparator_narrow_bounds).
 """
 
@@ -143,7 +143,7 @@ class Row:
     forward of the bfloat16 values, y's bound properties.bounds.narrow_output_bound."""
 
     def __init__(self, config, dtype):
-        from properties.checks import forward_bounds
+        from properties.compare import forward_bounds
         from properties.strategies import Problem
         torch = _torch()
         if dtype != "float32" and torch is None:
@@ -251,7 +251,7 @@ def _cutile(row, op, check_values=None):
     time is what the gate compares.
     """
     import kernels
-    from properties.checks import outputs_filled_with
+    from properties.runner import outputs_filled_with
     Q = row.chunk_size
 
     def forward(x, dt, A, B, C, D):
@@ -1182,7 +1182,7 @@ def test_torch_baseline_matches_the_reference():
     torch = pytest.importorskip("torch")
     from benchmarks.torch_ssd import ssd_chunked_torch
     from properties.bounds import FLOAT64_REL
-    from properties.checks import forward_bounds
+    from properties.compare import forward_bounds
     from properties.strategies import Problem
     rng = np.random.default_rng(7)
     b, t, h, p, n, g, Q = 2, 100, 4, 8, 16, 2, 32

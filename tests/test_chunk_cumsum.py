@@ -6,7 +6,7 @@ import pytest
 import reference as R
 from kernels import chunk_cumsum
 from properties.bounds import chunk_cumsum_bound
-from properties.checks import to_host
+from properties.runner import to_host
 from shapes import BACKENDS, CASES, make_inputs, on_backend, step_options
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")

@@ -25,7 +25,7 @@ import reference as R
 from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from kernels.interpreter import launch
 from properties import bounds
-from properties.checks import to_host
+from properties.runner import to_host
 from shapes import Case, make_inputs, on_backend, step_options
 from test_interpreter import (BF16_CASES, CAST_DTYPES, MMA_DTYPES, PADDINGS, TF32_CASES, U32,
                               _causal_decay_kernel, _copy_2d_kernel, _cumsum_kernel, _grid_kernel,

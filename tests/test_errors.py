@@ -10,7 +10,8 @@ import pytest
 import contract
 from kernels import chunk_cumsum, compute_out, errors, raise_pending_errors, ssd_forward
 from kernels.compute_out import compute_out_choices
-from properties.checks import to_backend, to_host
+from properties.runner import to_host
+from properties.strategies import to_backend
 from shapes import Case, make_inputs
 
 CASE = Case("errors", 2, 40, 3, 8, 1, 8, 16, D="head", dt="softplus")

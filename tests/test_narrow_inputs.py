@@ -19,7 +19,9 @@ from kernels.fwd_pass_state import MODES
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from kernels.plan import plan_of
 from properties.bounds import narrow_output_bound
-from properties.checks import FP16_PUSH, check_close, forward_bounds, to_host
+from properties.checks import FP16_PUSH
+from properties.compare import check_close, forward_bounds
+from properties.runner import to_host
 from properties.strategies import Problem
 from shapes import BACKENDS, CASES, make_inputs, on_backend, step_options
 

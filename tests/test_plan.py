@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, example, given, settings
 from kernels import tuning_table
 from kernels.call import Call
 from contract import Dims
-from properties.checks import expected_state_dtype, route_of
+from properties.compare import expected_state_dtype
+from properties.runner import route_of
 from properties.strategies import Signature, signatures
 
 forward = importlib.import_module("kernels.plan")

@@ -24,7 +24,8 @@ from properties.profiles import caps
 from kernels.compute_out import compute_out_choices
 from kernels.call import Call
 from kernels.plan import plan_of
-from properties.checks import compute_out_alone, on_backend
+from properties.checks import compute_out_alone
+from properties.runner import on_backend
 from properties.strategies import (LAID_OUT, LAYOUTS, SHARED_HEADS_MIN_CHUNK, Bucket, Problem,
                                    Spec, _fixed_buckets, layout_strides, problem, spec_of, specs)
 

@@ -20,7 +20,9 @@ from kernels.ssd_combined import mamba_chunk_scan_combined
 from kernels.call import Call
 from kernels.plan import plan_of
 from properties.bounds import narrow_output_bound
-from properties.checks import check_close, forward_bounds, to_backend, to_host
+from properties.compare import check_close, forward_bounds
+from properties.runner import to_host
+from properties.strategies import to_backend
 from properties.strategies import Problem
 
 pytestmark = pytest.mark.usefixtures("nan_filled_outputs")

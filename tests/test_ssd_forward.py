@@ -13,7 +13,8 @@ from contract import Dims
 from kernels import ssd_forward
 from kernels.launches import ForwardArrays, part_launches, rules_batch_parts
 from properties.bounds import kappa
-from properties.checks import forward_bounds, to_host
+from properties.compare import forward_bounds
+from properties.runner import to_host
 from properties.strategies import Problem
 from shapes import BACKENDS, CASES, Case, check_within, make_inputs, on_backend
 

@@ -12,7 +12,8 @@ import pytest
 import reference as R
 from kernels import raise_pending_errors, ssd_forward
 from properties.bounds import KAPPA
-from properties.checks import outputs_filled_with, to_backend, to_host
+from properties.runner import outputs_filled_with, to_host
+from properties.strategies import to_backend
 from shapes import BACKENDS, check_within, on_backend, recorded_launches
 
 CHUNK = 16

@@ -15,7 +15,7 @@ from kernels.compute_out import (_KERNELS, Choice, compute_out_choices,
                                  compute_out_launch, compute_out_signature)
 from kernels.launches import ForwardArrays, forward_launches, forward_parts
 from properties.bounds import KAPPA
-from properties.checks import forward_bounds
+from properties.compare import forward_bounds
 from properties.strategies import Problem
 from shapes import Case, check_within, launch_arg, make_inputs, on_backend, step_options
 
