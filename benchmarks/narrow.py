@@ -22,7 +22,7 @@ import argparse
 import cuda.tile as ct
 
 from benchmarks.configs import ANCHORS, THREE_KERNEL_ROWS
-from kernels.arrays import mma_operand
+from kernels.tiles import mma_operand
 
 
 def _forward(config, dtype: str, **kw):

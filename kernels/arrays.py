@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import threading
 import types
 import typing
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -23,8 +23,6 @@ import cuda.tile as ct
 from cuda.tile._stub import ArrayAnnotation
 
 from contract import Dims, dtype_name, element_strides, kernel_layout
-from kernels.constants import ERROR_D
-from kernels.constants import LOG2E  # the z gate's sigmoid is taken with exp2 too
 
 
 @dataclass(frozen=True)
@@ -60,45 +58,35 @@ def _gpu_available() -> bool:
         return False
 
 
-def _kind(a) -> str:
-    """'numpy', 'cupy' or 'torch' for a supported array; TypeError for anything else."""
-    module = type(a).__module__.split(".")[0]
+def _detect(a) -> Backend:
+    """The backend of one array (the one place an array's kind is read): NumPy (the
+    interpreter), CuPy or torch CUDA (the GPU, with its device); TypeError for anything else."""
     if isinstance(a, np.ndarray):
-        return "numpy"
+        return NumpyBackend(None)
+    module = type(a).__module__.partition(".")[0]
     if module == "cupy":
-        return "cupy"
+        return CupyBackend(a.device.id)
     if module == "torch":
         if not a.is_cuda:
             raise TypeError("a torch CPU tensor is not supported: pass a CUDA tensor (GPU) or a "
                             "NumPy array (CPU interpreter)")
-        return "torch"
+        return TorchBackend(a.device.index)
     raise TypeError(f"unsupported array type {type(a).__name__}")
-
-
-def _device(kind: str, a):
-    if kind == "cupy":
-        return a.device.id
-    if kind == "torch":
-        return a.device.index
-    return None
 
 
 @dataclass(frozen=True)
 class Backend:
-    """Where one call runs: the array kind of its arguments and, for GPU arrays, the device."""
+    """Where one call runs: the array kind of its arguments (a subclass per kind: NumpyBackend
+    for the CPU interpreter, CupyBackend and TorchBackend for the GPU) and, for GPU arrays, the
+    device. The methods here are what the launchers call; each kind supplies its primitives."""
 
-    kind: str  # 'numpy' (CPU interpreter), 'cupy' or 'torch' (GPU)
     device: int | None
+    kind: ClassVar[str]  # 'numpy', 'cupy' or 'torch'
 
-    @property
-    def xp(self):
-        if self.kind == "cupy":
-            import cupy
-            return cupy
-        if self.kind == "torch":
-            import torch
-            return torch
-        return np
+    @staticmethod
+    def of(kind: str, device: int | None = None) -> Backend:
+        """The backend of that kind and device."""
+        return {"numpy": NumpyBackend, "cupy": CupyBackend, "torch": TorchBackend}[kind](device)
 
     def laid_out(self, a):
         """`a` as the kernels take it: itself where its layout is one they read in place
@@ -106,36 +94,62 @@ class Backend:
         of the same kind and dtype. None (an absent optional argument) stays None."""
         if a is None or kernel_layout(a):
             return a
-        if self.kind == "torch":
-            return a.contiguous()
-        return self.xp.ascontiguousarray(a)
+        return self._contiguous(a)
 
     def empty(self, shape: tuple[int, ...], like=None):
         """A new output array, uninitialized, float32 or of `like`'s dtype (on the interpreter
         with a written-mask where kernels.interpreter.track_writes is active)."""
-        dtype = self.xp.float32 if like is None else like.dtype
-        if self.kind == "torch":
-            return self.xp.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
-        out = self.xp.empty(shape, dtype=dtype)
-        if self.kind == "numpy":
-            from kernels.interpreter import allocated
-            allocated(out)
+        return self._empty(shape, self.xp.float32 if like is None else like.dtype)
+
+    @property
+    def sm_count(self) -> int:
+        """The device's streaming multiprocessors (1 for the interpreter, which runs one program
+        at a time): the launchers that size programs by the grid read it. So the interpreter
+        takes the large-grid choices (fwd_pass_state in order) for every shape; the
+        small-grid ones run on the GPU, and tests and properties pass each (`choice=`)."""
+        return _sm_count(self)
+
+    def launch(self, kernel, grid: tuple[int, int, int], args: tuple, stream=None):
+        """Run `kernel` over `grid`: on the interpreter for NumPy, else on `stream`, on which the
+        caller has made the arrays' device current (launch_parts), or, where None, on the
+        current stream of the arrays' device."""
+        self._launch(kernel, grid, args, stream)
+
+    def launch_parts(self, parts: list[list[tuple]], stream=None):
+        """Run independent lists of launches [(kernel, grid, args)], each in its order: the first
+        on `stream` (default: the current stream), each other on a side stream (_side_stream)
+        that starts after the work already queued on that stream and that it then waits for,
+        so that to the caller the whole runs on its stream (CUDA graph capture included). The
+        lists' kernels may overlap on the GPU. The interpreter runs the lists one after another.
+        """
+        self._launch_parts(parts, stream)
+
+
+@dataclass(frozen=True)
+class NumpyBackend(Backend):
+    """NumPy arrays: the kernels run on the CPU tile interpreter, one program at a time."""
+
+    kind: ClassVar[str] = "numpy"
+    xp: ClassVar = np
+
+    def _contiguous(self, a):
+        return np.ascontiguousarray(a)
+
+    def _empty(self, shape, dtype):
+        from kernels.interpreter import allocated
+        out = np.empty(shape, dtype=dtype)
+        allocated(out)
         return out
 
     def zeros(self, shape: tuple[int, ...]):
         """A new float32 array of zeros (written: never a read of unwritten memory)."""
-        if self.kind == "torch":
-            return self.xp.zeros(shape, dtype=self.xp.float32, device=f"cuda:{self.device}")
-        return self.xp.zeros(shape, dtype=self.xp.float32)
+        return np.zeros(shape, dtype=np.float32)
 
     def offsets_int32(self, a, limit: int):
         """Integer offsets `a` as a C-contiguous int32 array of the same kind, converted on its
         device: a value outside [0, limit] becomes -1 (an int64 offset must not wrap into a
         plausible one), which the kernel reading them refuses."""
-        xp = self.xp
-        if self.kind == "torch":
-            return xp.where((a < 0) | (a > limit), -1, a).to(dtype=xp.int32).contiguous()
-        return xp.ascontiguousarray(xp.where((a < 0) | (a > limit), -1, a), dtype=xp.int32)
+        return np.ascontiguousarray(np.where((a < 0) | (a > limit), -1, a), dtype=np.int32)
 
     def segment_ids(self, seq_idx):
         """(batch, seqlen) int32 segment ids: the count of changes of seq_idx up to each token.
@@ -145,98 +159,62 @@ class Backend:
         """
         if seq_idx is None:
             return None
-        xp = self.xp
-        changed = seq_idx[:, 1:] != seq_idx[:, :-1]
-        if self.kind == "torch":
-            counts = xp.cumsum(changed.to(xp.int32), dim=1, dtype=xp.int32)
-            zero = xp.zeros((seq_idx.shape[0], 1), dtype=xp.int32, device=seq_idx.device)
-            return xp.cat([zero, counts], dim=1).contiguous()
-        counts = xp.cumsum(changed, axis=1, dtype=xp.int32)
-        zero = xp.zeros((seq_idx.shape[0], 1), dtype=xp.int32)
-        return xp.ascontiguousarray(xp.concatenate([zero, counts], axis=1))
+        counts = np.cumsum(seq_idx[:, 1:] != seq_idx[:, :-1], axis=1, dtype=np.int32)
+        zero = np.zeros((seq_idx.shape[0], 1), dtype=np.int32)
+        return np.ascontiguousarray(np.concatenate([zero, counts], axis=1))
 
-    @property
-    def sm_count(self) -> int:
-        """The device's streaming multiprocessors (1 for the interpreter, which runs one program
-        at a time): the launchers that size programs by the grid read it. So the interpreter
-        takes the large-grid choices (fwd_pass_state in order) for every shape; the
-        small-grid ones run on the GPU, and tests and properties pass each (`choice=`)."""
-        return _sm_count(self.kind, self.device)
+    def _launch(self, kernel, grid, args, stream):
+        from kernels import interpreter
+        interpreter.launch(grid, kernel, args)
 
-    def launch(self, kernel, grid: tuple[int, int, int], args: tuple, stream=None):
-        """Run `kernel` over `grid`: on the interpreter for NumPy, else on `stream`, on which the
-        caller has made the arrays' device current (launch_parts), or, where None, on the
-        current stream of the arrays' device."""
-        if self.kind == "numpy":
-            from kernels import interpreter
-            interpreter.launch(grid, kernel, args)
-        elif stream is not None:
+    def _launch_parts(self, parts, stream):
+        for launches in parts:
+            for kernel, grid, args in launches:
+                self.launch(kernel, grid, args)
+
+    def _multiprocessors(self) -> int:
+        return 1
+
+    def on_device(self):
+        """A context in which the arrays' device is the current one: none for the interpreter."""
+        return contextlib.nullcontext()
+
+    def current_stream(self):
+        """The caller's current stream: none for the interpreter."""
+        return None
+
+
+@dataclass(frozen=True)
+class _GpuBackend(Backend):
+    """What CuPy and torch arrays share: ct.launch on a stream of the arrays' device, and the
+    side streams of a split batch, ordered with the caller's stream by events."""
+
+    def _launch(self, kernel, grid, args, stream):
+        if stream is not None:
             ct.launch(stream, grid, kernel, args)
         else:
             with self.on_device():
                 ct.launch(self.current_stream(), grid, kernel, args)
 
-    def on_device(self):
-        """A context in which the arrays' device is the current one (none for the
-        interpreter)."""
-        if self.kind == "cupy":
-            import cupy
-            return cupy.cuda.Device(self.device)
-        if self.kind == "torch":
-            import torch
-            return torch.cuda.device(self.device)
-        return contextlib.nullcontext()
-
-    def stream_handle(self, stream) -> int:
-        """A CuPy or torch stream's CUDA handle."""
-        return stream.cuda_stream if self.kind == "torch" else stream.ptr
-
-    def current_stream(self):
-        """The caller's current stream on the arrays' device (None for the interpreter)."""
-        if self.kind == "cupy":
-            import cupy
-            return cupy.cuda.get_current_stream(self.device)
-        if self.kind == "torch":
-            import torch
-            return torch.cuda.current_stream(self.device)
-        return None
-
-    def launch_parts(self, parts: list[list[tuple]], stream=None):
-        """Run independent lists of launches [(kernel, grid, args)], each in its order: the first
-        on `stream` (default: the current stream), each other on a side stream (_side_stream)
-        that starts after the work already queued on that stream and that it then waits for,
-        so that to the caller the whole runs on its stream (CUDA graph capture included). The
-        lists' kernels may overlap on the GPU. The interpreter runs the lists one after another.
-        """
-        if self.kind == "numpy":
-            for launches in parts:
-                for kernel, grid, args in launches:
-                    self.launch(kernel, grid, args)
-            return
+    def _launch_parts(self, parts, stream):
         with self.on_device():
             main = self.current_stream() if stream is None else stream
             if len(parts) == 1:
                 for kernel, grid, args in parts[0]:
                     self.launch(kernel, grid, args, main)
                 return
-            if self.kind == "cupy":
-                import cupy
-                event = lambda: cupy.cuda.Event(disable_timing=True)
-            else:
-                import torch
-                event = lambda: torch.cuda.Event()
-            fork = event()
+            fork = self._event()
             fork.record(main)
             joins = []
             try:
                 for k, launches in enumerate(parts[1:]):
-                    side = _side_stream(self.kind, self.device, self.stream_handle(main), k)
+                    side = _side_stream(self, self.stream_handle(main), k)
                     side.wait_event(fork)
                     try:
                         for kernel, grid, args in launches:
                             self.launch(kernel, grid, args, side)
                     finally:  # joined even when a launch fails: its buffers are the caller's
-                        done = event()
+                        done = self._event()
                         done.record(side)
                         joins.append(done)
                 for kernel, grid, args in parts[0]:
@@ -246,10 +224,117 @@ class Backend:
                     main.wait_event(done)
 
 
+@dataclass(frozen=True)
+class CupyBackend(_GpuBackend):
+    """CuPy arrays on one GPU: the kernels run with ct.launch on the caller's current stream."""
+
+    kind: ClassVar[str] = "cupy"
+
+    @property
+    def xp(self):
+        import cupy
+        return cupy
+
+    def _contiguous(self, a):
+        return self.xp.ascontiguousarray(a)
+
+    def _empty(self, shape, dtype):
+        return self.xp.empty(shape, dtype=dtype)
+
+    def zeros(self, shape: tuple[int, ...]):
+        return self.xp.zeros(shape, dtype=self.xp.float32)
+
+    def offsets_int32(self, a, limit: int):
+        xp = self.xp
+        return xp.ascontiguousarray(xp.where((a < 0) | (a > limit), -1, a), dtype=xp.int32)
+
+    def segment_ids(self, seq_idx):
+        if seq_idx is None:
+            return None
+        xp = self.xp
+        counts = xp.cumsum(seq_idx[:, 1:] != seq_idx[:, :-1], axis=1, dtype=xp.int32)
+        zero = xp.zeros((seq_idx.shape[0], 1), dtype=xp.int32)
+        return xp.ascontiguousarray(xp.concatenate([zero, counts], axis=1))
+
+    def on_device(self):
+        return self.xp.cuda.Device(self.device)
+
+    def current_stream(self):
+        return self.xp.cuda.get_current_stream(self.device)
+
+    def stream_handle(self, stream) -> int:
+        """A stream's CUDA handle."""
+        return stream.ptr
+
+    def _event(self):
+        return self.xp.cuda.Event(disable_timing=True)
+
+    def _new_stream(self):
+        with self.xp.cuda.Device(self.device):
+            return self.xp.cuda.Stream(non_blocking=True)
+
+    def _multiprocessors(self) -> int:
+        return int(self.xp.cuda.Device(self.device).attributes["MultiProcessorCount"])
+
+
+@dataclass(frozen=True)
+class TorchBackend(_GpuBackend):
+    """torch CUDA tensors on one GPU: the kernels run with ct.launch on torch's current
+    stream."""
+
+    kind: ClassVar[str] = "torch"
+
+    @property
+    def xp(self):
+        import torch
+        return torch
+
+    def _contiguous(self, a):
+        return a.contiguous()
+
+    def _empty(self, shape, dtype):
+        return self.xp.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
+
+    def zeros(self, shape: tuple[int, ...]):
+        return self.xp.zeros(shape, dtype=self.xp.float32, device=f"cuda:{self.device}")
+
+    def offsets_int32(self, a, limit: int):
+        xp = self.xp
+        return xp.where((a < 0) | (a > limit), -1, a).to(dtype=xp.int32).contiguous()
+
+    def segment_ids(self, seq_idx):
+        if seq_idx is None:
+            return None
+        xp = self.xp
+        changed = seq_idx[:, 1:] != seq_idx[:, :-1]
+        counts = xp.cumsum(changed.to(xp.int32), dim=1, dtype=xp.int32)
+        zero = xp.zeros((seq_idx.shape[0], 1), dtype=xp.int32, device=seq_idx.device)
+        return xp.cat([zero, counts], dim=1).contiguous()
+
+    def on_device(self):
+        return self.xp.cuda.device(self.device)
+
+    def current_stream(self):
+        return self.xp.cuda.current_stream(self.device)
+
+    def stream_handle(self, stream) -> int:
+        """A stream's CUDA handle."""
+        return stream.cuda_stream
+
+    def _event(self):
+        return self.xp.cuda.Event()
+
+    def _new_stream(self):
+        return self.xp.cuda.Stream(device=self.device)
+
+    def _multiprocessors(self) -> int:
+        return int(self.xp.cuda.get_device_properties(self.device).multi_processor_count)
+
+
 _SIDE_STREAMS = threading.local()
 
 
-def _side_stream(kind: str, device: int, caller: int, k: int):
+def _side_stream(backend: _GpuBackend, caller: int, k: int):
     """The k-th side stream of launch_parts for the caller's stream `caller` (its handle) in this
     thread, created once: a non-blocking stream, so only the events order it with the caller's
     stream (the legacy default stream too). One per thread and caller stream, so that one
@@ -259,27 +344,15 @@ def _side_stream(kind: str, device: int, caller: int, k: int):
     streams = getattr(_SIDE_STREAMS, "by_key", None)
     if streams is None:
         streams = _SIDE_STREAMS.by_key = {}
-    key = (kind, device, caller, k)
+    key = (backend, caller, k)
     if key not in streams:
-        if kind == "cupy":
-            import cupy
-            with cupy.cuda.Device(device):
-                streams[key] = cupy.cuda.Stream(non_blocking=True)
-        else:
-            import torch
-            streams[key] = torch.cuda.Stream(device=device)
+        streams[key] = backend._new_stream()
     return streams[key]
 
 
 @functools.lru_cache
-def _sm_count(kind: str, device: int | None) -> int:
-    if kind == "numpy":
-        return 1
-    if kind == "cupy":
-        import cupy
-        return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
-    import torch
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+def _sm_count(backend: Backend) -> int:
+    return backend._multiprocessors()
 
 
 def backend_of(**arrays) -> Backend:
@@ -292,10 +365,9 @@ def backend_of(**arrays) -> Backend:
         if a is None:
             continue
         try:
-            kind = _kind(a)
+            backend = _detect(a)
         except TypeError as e:
             raise TypeError(f"{name}: {e}") from None
-        backend = Backend(kind, _device(kind, a))
         if first is None:
             first = (name, backend)
         elif backend != first[1]:
@@ -354,85 +426,6 @@ def span(a) -> int:
     if 0 in shape:
         return 0
     return 1 + sum((n - 1) * s for n, s in zip(shape, element_strides(a)))
-
-
-# Smallest tile extent the launchers feed to ct.mma; smaller dimensions are zero padded up to it.
-MMA_MIN = 16
-
-
-def mma_operand(t, dtype):
-    """A tile as a ct.mma operand, for kernels whose inputs have `dtype`: bfloat16 for bfloat16
-    inputs (their values as they are, computed values rounded to nearest), else TF32 (float32
-    and float16 inputs, rounded to nearest; float16 values are TF32 values). A tile that
-    already is a TF32 operand stays as it is.
-
-    float16 inputs do not take float16 operands: a computed value past float16's range (65504)
-    would round to inf where float32 holds it, and a guard that sends such a product to TF32
-    operands costs more than it saves (benchmarks/DECISIONS.md "float16 products")."""
-    if dtype == ct.bfloat16:
-        return t.astype(dtype)
-    if t.dtype == ct.tfloat32:
-        return t
-    return t.astype(ct.float32).astype(ct.tfloat32)
-
-
-def mma_product(a, b, acc, dtype):
-    """acc + a @ b on the fp32 accumulator acc, in a kernel whose inputs have `dtype`: each of a
-    and b is an input's tile (as mma_operand made it) or a tile the kernel computed in float32,
-    rounded here, both as mma_operand says."""
-    return ct.mma(mma_operand(a, dtype), mma_operand(b, dtype), acc)
-
-
-def head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
-    """Head i_h's skip weights for headdim block i_p: [BLOCK_P, 1] per channel, else [1, 1],
-    in float32 (a 16-bit D widened, exact)."""
-    if D_PER_HEADDIM:
-        skip = ct.load(D, (i_h, i_p), shape=(1, BLOCK_P), padding_mode=ct.PaddingMode.ZERO)
-        skip = ct.reshape(skip, (BLOCK_P, 1))
-    else:
-        skip = ct.reshape(ct.load(D, (i_h,), shape=(1,)), (1, 1))
-    return skip.astype(ct.float32)
-
-
-def checked_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):
-    """head_D's skip weights, NaN where one is not finite (NaN fails the comparison too), so
-    that every y it feeds is NaN (NaN x 0 is NaN, where inf x 0 would be NaN and inf x 1 inf)."""
-    skip = head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM)
-    return ct.where(ct.abs(skip) < math.inf, skip, math.nan)
-
-
-def report_D(errors, skip, CHECK_D):
-    """With CHECK_D, ERROR_D OR-ed into errors[0] where a skip weight checked_D gave is NaN: its
-    D is not finite (only by a program that has one: index 1 is out of bounds). A program calls
-    it after its loop, so that the check holds no registers through it (at its start it made
-    the program per chunk spill). Without CHECK_D the call checks D elsewhere (ssd_forward: in
-    chunk_cumsum, where the atomic costs no time)."""
-    if CHECK_D:
-        or_error(errors, ct.max(ct.where(skip == skip, 0, ERROR_D)))
-
-
-def or_error(errors, flags):
-    """ORs the error bits `flags` (an int32 scalar tile, 0 where there are none) into the call's
-    error word errors[0], by a program that has some only (the index 1 is out of bounds: no
-    atomic). Relaxed: the word is read after the launch ends (the host's copy, a later kernel),
-    so nothing orders it with the program's other accesses; the default acquire-release atomic
-    costs every program a GPU-wide barrier and an L1 invalidation (MEMBAR.ALL.GPU and
-    CCTL.IVALL in its SASS), whether it fires or not."""
-    ct.atomic_or(errors, ct.where(flags != 0, 0, 1), flags, memory_order=ct.MemoryOrder.RELAXED)
-
-
-def z_gated(acc, z, i_b, i_t, i_h, i_p, BLOCK_T, BLOCK_P):
-    """y^T [BLOCK_P, BLOCK_T] of head i_h's token block i_t times its gate z * sigmoid(z)."""
-    zt = ct.load(z, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
-                 padding_mode=ct.PaddingMode.ZERO).astype(ct.float32)  # narrow z: widened, exact
-    zt = ct.transpose(ct.reshape(zt, (BLOCK_T, BLOCK_P)))  # [BLOCK_P, BLOCK_T]
-    return acc * gate(zt)
-
-
-def gate(zt):
-    """z * sigmoid(z) of a float32 tile, as z / (1 + 2^(-z log2 e)): for very negative z the
-    denominator is inf and the gate is -0, its limit."""
-    return zt / (1.0 + ct.exp2(-zt * LOG2E))
 
 
 # The grid's 2nd and 3rd axes (nheads, batch in every launcher) are limited to 65535 by CUDA.

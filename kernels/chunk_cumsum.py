@@ -12,9 +12,10 @@ from typing import NamedTuple
 import cuda.tile as ct
 
 from contract import Dims, check_chunk_cumsum_args, check_dt_limit, weight_dtypes
-from kernels.arrays import LaunchDims, int32_indexed, needs_int64, or_error, pow2_tile
+from kernels.arrays import LaunchDims, int32_indexed, needs_int64, pow2_tile
 from kernels.constants import ERROR_A, ERROR_CU_SEQLENS, ERROR_D, ERROR_DT_BIAS, LOG2E
 from kernels.launcher import run_alone
+from kernels.tiles import or_error
 
 SOFTPLUS_THRESHOLD = 20.0  # softplus(v) = v above it (as mamba_ssm and the reference)
 

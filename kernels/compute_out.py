@@ -16,9 +16,9 @@ import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_compute_out_args, dtype_name, weight_dtypes
 from kernels import tuning_table
-from kernels.arrays import (MMA_MIN, LaunchDims, checked_D, int32_indexed, launch_dims, mma_operand,
-                           mma_product, needs_int64, pow2_tile, report_D, z_gated)
+from kernels.arrays import LaunchDims, int32_indexed, launch_dims, needs_int64, pow2_tile
 from kernels.launcher import run_alone
+from kernels.tiles import MMA_MIN, checked_D, mma_operand, mma_product, report_D, z_gated
 
 # Program layouts. "token_blocks" (_compute_out_kernel): a program per token block, looping over
 # the chunk's earlier token blocks (flash-attention-like), so a chunk x chunk matrix never

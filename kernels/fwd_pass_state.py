@@ -14,9 +14,9 @@ from typing import NamedTuple
 import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_fwd_pass_state_args, state_dtype_name, weight_dtypes
-from kernels.arrays import (MMA_MIN, LaunchDims, int32_indexed, launch_dims, mma_operand,
-                           mma_product, needs_int64, pow2_tile)
+from kernels.arrays import LaunchDims, int32_indexed, launch_dims, needs_int64, pow2_tile
 from kernels.launcher import run_alone
+from kernels.tiles import MMA_MIN, mma_operand, mma_product
 
 # Modes. "in_order": a program per state slice runs through the chunks in order. "parallel_chunks":
 # every chunk's increment (what its tokens add to a state that entered at zero) is one program,

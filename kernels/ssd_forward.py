@@ -22,7 +22,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     """y (batch, seqlen, nheads, headdim), or (y, final_states) with return_final_states; arrays of
     the caller's type (NumPy: the CPU interpreter; CuPy or torch CUDA: the GPU, on the current
     stream). x, B, C, z: float32, bfloat16 or float16, all four alike (read in that dtype;
-    products as kernels.arrays.mma_operand says, accumulated in float32); y has x's dtype. dt,
+    products as kernels.tiles.mma_operand says, accumulated in float32); y has x's dtype. dt,
     A, dt_bias, D, initial_states: each float32 or x's dtype (read and widened to float32 in the
     kernels, as mamba_ssm reads them); final_states is float32.
 

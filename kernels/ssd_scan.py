@@ -16,9 +16,9 @@ from typing import NamedTuple
 import cuda.tile as ct
 
 from contract import ACTIVATION_DTYPES, check_ssd_scan_args, dtype_name, weight_dtypes
-from kernels.arrays import (MMA_MIN, LaunchDims, checked_D, int32_indexed, launch_dims, mma_operand,
-                           mma_product, needs_int64, pow2_tile, report_D, z_gated)
+from kernels.arrays import LaunchDims, int32_indexed, launch_dims, needs_int64, pow2_tile
 from kernels.launcher import run_alone
+from kernels.tiles import MMA_MIN, checked_D, mma_operand, mma_product, report_D, z_gated
 
 HEADS = (1, 2)  # heads of one group per program: C B^T, which they share, is formed once
 OCCUPANCIES = (2, 1)  # programs per SM (the compiler's occupancy hint)

@@ -23,9 +23,9 @@ from typing import NamedTuple
 
 import cuda.tile as ct
 
-from kernels.arrays import (MMA_MIN, LaunchDims, checked_D, gate, int32_indexed, launch_dims,
-                           mma_operand, mma_product, needs_int64, pow2_tile)
+from kernels.arrays import LaunchDims, int32_indexed, launch_dims, needs_int64, pow2_tile
 from kernels.constants import ERROR_CU_SEQLENS, LOG2E
+from kernels.tiles import MMA_MIN, checked_D, gate, mma_operand, mma_product
 
 # tokens per step, at most the chunk: each block's decay cumsum then adds no more terms than
 # chunk_cumsum's, which the bound's cumsum term counts (properties.bounds.cumsum_gamma)

@@ -74,7 +74,7 @@ import math
 
 import numpy as np
 
-from kernels.arrays import MMA_MIN
+from kernels.tiles import MMA_MIN
 
 U_TF32 = 2.0 ** -11  # unit roundoff of a TF32 operand: 10-bit mantissa, round to nearest
 U_FP32 = 2.0 ** -24  # unit roundoff of fp32 arithmetic and accumulation
@@ -129,7 +129,7 @@ def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int,
 # 16-bit products (x, B, C, z in bfloat16 or float16): the derivation
 # -------------------------------------------------------------------
 # For bfloat16 inputs every product takes bfloat16 operands with an fp32 accumulator, for float16
-# inputs TF32 ones (kernels.arrays.mma_operand): the inputs as they are (x, B, C: no rounding;
+# inputs TF32 ones (kernels.tiles.mma_operand): the inputs as they are (x, B, C: no rounding;
 # float16 values are TF32 values), the values the kernels compute rounded once (u_n = 2^-8 to
 # bfloat16, 2^-11 to TF32 for float16 inputs; round to nearest, TF32 in float32's exponent
 # range): compute_out's decayed weights (C B^T o L) * dt and its state operand S,

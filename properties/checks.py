@@ -184,7 +184,7 @@ FP16_PUSH = 2.0 ** 17
 def _weights_past_float16(q: Problem) -> Problem | None:
     """q (float16 activations) with B scaled up and x down by one power of two 2^k, so that its
     largest decayed weight on the diagonal (C_t . B_t dt_t: no decay there) is FP16_PUSH or more,
-    past float16's range (kernels.arrays.mma_operand: float16 inputs take TF32 operands); y's
+    past float16's range (kernels.tiles.mma_operand: float16 inputs take TF32 operands); y's
     terms through B x keep their values, D x gets smaller. None where the weights already pass
     the range or are all zero, or B would leave float16's range (|B| 2^k >= 2^15)."""
     d = q.dims

@@ -113,7 +113,7 @@ CATALOGUE = [
     Mutant("state_in_bf16", "kernels/fwd_pass_state.py",
            "        S = acc\n", "        S = acc.astype(ct.bfloat16).astype(ct.float32)\n",
            "the carried state is kept in bfloat16 between chunks (a precision regression)"),
-    Mutant("D_term_dropped", "kernels/arrays.py",
+    Mutant("D_term_dropped", "kernels/tiles.py",
            "        skip = ct.reshape(ct.load(D, (i_h,), shape=(1,)), (1, 1))\n"
            "    return skip.astype(ct.float32)\n",
            "        skip = ct.reshape(ct.load(D, (i_h,), shape=(1,)), (1, 1))\n"
@@ -240,7 +240,7 @@ CATALOGUE = [
            ".astype(ct.float32)",
            "the state's accumulator is rounded to bfloat16 after every product (a 16-bit "
            "accumulator)"),
-    Mutant("float16_products_in_float16", "kernels/arrays.py",
+    Mutant("float16_products_in_float16", "kernels/tiles.py",
            "    if dtype == ct.bfloat16:\n        return t.astype(dtype)",
            "    if dtype == ct.bfloat16 or dtype == ct.float16:\n        return t.astype(dtype)",
            "float16 inputs take float16 operands: a computed operand past 65504 rounds to inf"),
@@ -357,7 +357,7 @@ CATALOGUE = [
            "bad = (ct.gather(errors, 0) & ERROR_CU_SEQLENS) < 0\n    if HAS_INITIAL_STATES",
            "ssd_varlen steps through every sequence whatever chunk_cumsum found: overlapping "
            "sequences store to the same tokens of y"),
-    Mutant("D_inf_kept", "kernels/arrays.py",
+    Mutant("D_inf_kept", "kernels/tiles.py",
            "return ct.where(ct.abs(skip) < math.inf, skip, math.nan)",
            "return skip",
            "an infinite D stays infinite in compute_out and the scan: its y is +-inf (NaN only "

@@ -194,7 +194,7 @@ def run_call(index: int) -> None:
     from properties.checks import run
     from properties.reach import COVER_PROPERTY
     from properties.strategies import problem, spec_of
-    kind, dims, options, params = calls(Backend("cupy", 0).sm_count)[index]
+    kind, dims, options, params = calls(Backend.of("cupy", 0).sm_count)[index]
     run(COVER_PROPERTY[kind], problem(spec_of(dims, dict(options))).replace(params=params or {}),
         "gpu")
     cupy.cuda.runtime.deviceSynchronize()
@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     for rule in EXPLAINED:
         rule.where()  # a rule whose line moved or changed fails here, before any run
     start = time.time()
-    n = len(calls(Backend("cupy", 0).sm_count))
+    n = len(calls(Backend.of("cupy", 0).sm_count))
     jobs = [(tool, i) for i in range(n) for tool in tools]
     print(f"{len(jobs)} processes: {n} cover problems x {len(tools)} tools, {args.jobs} at a "
           f"time", flush=True)

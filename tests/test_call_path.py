@@ -22,9 +22,13 @@ CHECKS = ("check_", "_check", "validate", "_flags", "_states", "options", "build
 def _module(code) -> str | None:
     """The project module of a code object ("kernels/plan.py" -> "kernels.plan"), or None."""
     path = Path(code.co_filename)
-    if not path.is_relative_to(REPO) or "interpreter" in path.parts or "tests" in path.parts:
+    if not path.is_relative_to(REPO):
         return None
-    return ".".join(path.relative_to(REPO).with_suffix("").parts)
+    parts = path.relative_to(REPO).with_suffix("").parts
+    # the interpreter, the tests, and a virtual environment inside the checkout (CI's .venv)
+    if {"interpreter", "tests", "site-packages"} & set(parts) or parts[0].startswith("."):
+        return None
+    return ".".join(parts)
 
 
 def trace(call) -> tuple[Counter, list[tuple[str, str]]]:

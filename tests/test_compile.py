@@ -405,7 +405,7 @@ def _crashed_ssd_scan():
 
 # Choices off the rules' path that tileiras 13.4 crashed compiling for sm_90 (SIGSEGV, met by
 # the property cover and the GPU tests on the H200) while the kernels' error atomics were
-# acquire-release (kernels.arrays.or_error): compute_out's program per chunk at one program per
+# acquire-release (kernels.tiles.or_error): compute_out's program per chunk at one program per
 # SM, D per channel, headdim and dstate 16; the scan's 32-channel block at one program per SM,
 # D per channel, z and initial states
 CRASHED = {"compute_out_whole_chunks_one_per_sm_dims_16": _crashed_compute_out,

@@ -837,7 +837,7 @@ def test_reads_of_unwritten_allocations_raise():
     may be read only where a program stored: a load of an unwritten element names the kernel,
     the array, the index and the program; after a kernel wrote it the load passes, and a tile
     past the shape (a padding mode) stays legal. A host write (the NaN fill) is no store."""
-    backend = Backend("numpy", None)
+    backend = Backend.of("numpy")
     x = backend.empty((6,))
     x[...] = math.nan
     y = backend.empty((2, 4))

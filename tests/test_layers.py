@@ -14,10 +14,11 @@ import ast
 from pathlib import Path
 
 LAYERS = {  # bottom to top; "x.*" means the submodules of x (not x itself)
-    # the input contract, shared constants, array backends, the tuning table, the CPU
-    # interpreter, the standalone launcher's skeleton
-    0: ("contract", "kernels.constants", "kernels.arrays", "kernels.tuning_table",
-        "kernels.errors", "kernels.launcher", "kernels.interpreter", "kernels.interpreter.*"),
+    # the input contract, shared constants, array backends, the helpers inside the kernels, the
+    # tuning table, the CPU interpreter, the standalone launcher's skeleton
+    0: ("contract", "kernels.constants", "kernels.arrays", "kernels.tiles",
+        "kernels.tuning_table", "kernels.errors", "kernels.launcher", "kernels.interpreter",
+        "kernels.interpreter.*"),
     # the float64 references, and the five kernels with their launchers (PEERS)
     1: ("reference", "reference.*", "kernels.chunk_cumsum", "kernels.fwd_pass_state",
         "kernels.compute_out", "kernels.ssd_scan", "kernels.ssd_varlen"),
@@ -172,7 +173,7 @@ def test_checker_on_synthetic_trees(tmp_path):
     good = {"contract.py": "import numpy\n", "kernels/__init__.py": "from kernels import tuning\n",
             "kernels/arrays.py": "from contract import x\n", "kernels/constants.py": "",
             "kernels/tuning_table.py": "", "kernels/errors.py": "", "kernels/torch_op.py": "",
-            "kernels/launcher.py": "",
+            "kernels/launcher.py": "", "kernels/tiles.py": "",
             "kernels/interpreter/_ops.py": "from .. import arrays\n",
             "kernels/interpreter/__init__.py": "from . import _ops\n",
             "kernels/tuning.py": "def f():\n    from .ssd_forward import g\n",

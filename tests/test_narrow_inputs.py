@@ -130,7 +130,7 @@ def test_bfloat16_torch_inputs_within_narrow_bound(case_id):
 
 
 # float16 inputs whose computed operands float16 cannot hold (their products take TF32
-# operands, kernels.arrays.mma_operand): activations scaled by powers of two (exact) so that one
+# operands, kernels.tiles.mma_operand): activations scaled by powers of two (exact) so that one
 # operand passes 65504 by far while y stays in float16's range. "weights": C B^T dt (B up, x
 # down); "state": the state operand S (x and B up, C down); "scaled_x": w o x (x up,
 # dt >= 2.5, B and C down). (x, B, C exponents, dt range)

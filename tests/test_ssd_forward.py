@@ -140,7 +140,7 @@ def test_batch_slices_fork_from_and_join_into_the_callers_stream(busy):
     slice of y would still be NaN (outputs are NaN-filled). fork: x is written on the caller's
     stream after ~2 ms of other work; without the fork the side slice would read the stale x."""
     import cupy
-    from kernels.arrays import _side_stream
+    from kernels.arrays import Backend, _side_stream
     kw = make_inputs(SLICED)
     want = to_host(ssd_forward(**on_backend("gpu", kw), batch_parts=1))
     dev = on_backend("gpu", kw)
@@ -150,7 +150,7 @@ def test_batch_slices_fork_from_and_join_into_the_callers_stream(busy):
     cupy.cuda.runtime.deviceSynchronize()
     with stream:
         x = stale.copy()  # the stale values, until the caller's stream overwrites them
-        side = _side_stream("cupy", stream.device_id, stream.ptr, 0)
+        side = _side_stream(Backend.of("cupy", stream.device_id), stream.ptr, 0)
         delayed = side if busy == "side" else stream
         with delayed:
             for _ in range(BUSY_FILLS):

@@ -64,7 +64,7 @@ def test_every_product_has_tensor_core_operands(case, layout):
                                   if c.id in ("all_options_chunk16", "chunk256_ragged")])
 def test_16_bit_inputs_take_the_products_of_their_dtype(case, dtype, operand):
     """x, B, C, z in `dtype`: every product of the forward, of fwd_pass_state and compute_out,
-    and of a packed row takes `operand` operands (kernels.arrays.mma_operand): bfloat16 ones for
+    and of a packed row takes `operand` operands (kernels.tiles.mma_operand): bfloat16 ones for
     bfloat16 (TF32 runs at half their rate), TF32 ones for float16 (a float16 operand may
     overflow where float32 does not)."""
     import ml_dtypes
