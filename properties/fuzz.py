@@ -299,10 +299,12 @@ def fleet(args) -> int:
     out = args.out.resolve()
     database = args.database or str(out / "hypothesis-db")
     try:
-        open_database(database)
+        probe = open_database(database)  # refused here, before any worker starts
     except (ConnectionError, ImportError) as e:
         print(f"fuzz: {e}", file=sys.stderr)
         return EXIT_DATABASE
+    if hasattr(probe, "redis"):  # the probe's connection: each worker opens its own
+        probe.redis.close()
     pins = devices(backend, args.devices)
     if not pins:
         print("fuzz: no GPU is visible to pin workers to", file=sys.stderr)
