@@ -201,7 +201,8 @@ def key(call: Call) -> tuple | None:
     (the device fixes the SM count), each option with its type (256 and numpy's 256 compare
     equal but are checked apart; a plan holds for the arguments its checks passed), and the
     tuned table's version; None where an array is of no supported type (no plan is kept:
-    build refuses it). An unhashable option makes a key that cannot be looked up."""
+    build refuses it). An unhashable option (but a list dt_limit) makes a key that cannot be
+    looked up."""
     arrays = []
     for a in (call.x, call.dt, call.A, call.B, call.C, call.D, call.z, call.dt_bias,
               call.initial_states, call.seq_idx, call.cu_seqlens):
@@ -216,10 +217,12 @@ def key(call: Call) -> tuple | None:
             return None
         arrays.append((kind, describe(a)))
     c = call
+    # a list dt_limit is keyed as its tuple (its type kept): it is checked as the same values
+    dt_limit = tuple(c.dt_limit) if type(c.dt_limit) is list else c.dt_limit
     return (tuple(arrays),
             type(c.chunk_size), c.chunk_size,
             type(c.dt_softplus), c.dt_softplus,
-            type(c.dt_limit), c.dt_limit,
+            type(c.dt_limit), dt_limit,
             type(c.return_final_states), c.return_final_states,
             type(c.return_varlen_states), c.return_varlen_states,
             type(c.check_values), c.check_values,

@@ -422,7 +422,7 @@ CATALOGUE = [
            "a batch slice reads the whole batch's segment ids: the second slice takes the first "
            "rows' seq_idx"),
     Mutant("plan_key_blind_to_dt_limit", "kernels/plan.py",
-           "            type(c.dt_limit), c.dt_limit,\n", "",
+           "            type(c.dt_limit), dt_limit,\n", "",
            "a call takes the plan, and so the clamp, of another dt_limit"),
     Mutant("plan_key_blind_to_check_values", "kernels/plan.py",
            "            type(c.check_values), c.check_values,\n", "",

@@ -109,6 +109,10 @@ def test_a_key_tells_apart_what_compares_equal(no_plans):
     plan = forward.plan_of(Call(**dict(kw, dt_softplus=np.array(True))))
     assert plan == forward.build(Call(**dict(kw, dt_softplus=True)))
     assert forward._PLANS == {}
+    # a list dt_limit is kept, apart from the tuple of its values
+    listed = forward.plan_of(Call(**dict(kw, dt_limit=[1e-3, 0.1])))
+    assert forward.plan_of(Call(**dict(kw, dt_limit=[1e-3, 0.1]))) is listed
+    assert key(dt_limit=[1e-3, 0.1]) != key(dt_limit=(1e-3, 0.1))
 
 
 def test_the_flags_are_keyed(no_plans):
