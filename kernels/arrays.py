@@ -125,31 +125,22 @@ class Backend:
         self._launch_parts(parts, stream)
 
 
-@dataclass(frozen=True)
-class NumpyBackend(Backend):
-    """NumPy arrays: the kernels run on the CPU tile interpreter, one program at a time."""
-
-    kind: ClassVar[str] = "numpy"
-    xp: ClassVar = np
+class _NumpyApi:
+    """What NumPy and CuPy arrays share: the NumPy API, on the backend's `xp`."""
 
     def _contiguous(self, a):
-        return np.ascontiguousarray(a)
-
-    def _empty(self, shape, dtype):
-        from kernels.interpreter import allocated
-        out = np.empty(shape, dtype=dtype)
-        allocated(out)
-        return out
+        return self.xp.ascontiguousarray(a)
 
     def zeros(self, shape: tuple[int, ...]):
         """A new float32 array of zeros (written: never a read of unwritten memory)."""
-        return np.zeros(shape, dtype=np.float32)
+        return self.xp.zeros(shape, dtype=self.xp.float32)
 
     def offsets_int32(self, a, limit: int):
         """Integer offsets `a` as a C-contiguous int32 array of the same kind, converted on its
         device: a value outside [0, limit] becomes -1 (an int64 offset must not wrap into a
         plausible one), which the kernel reading them refuses."""
-        return np.ascontiguousarray(np.where((a < 0) | (a > limit), -1, a), dtype=np.int32)
+        xp = self.xp
+        return xp.ascontiguousarray(xp.where((a < 0) | (a > limit), -1, a), dtype=xp.int32)
 
     def segment_ids(self, seq_idx):
         """(batch, seqlen) int32 segment ids: the count of changes of seq_idx up to each token.
@@ -159,9 +150,24 @@ class NumpyBackend(Backend):
         """
         if seq_idx is None:
             return None
-        counts = np.cumsum(seq_idx[:, 1:] != seq_idx[:, :-1], axis=1, dtype=np.int32)
-        zero = np.zeros((seq_idx.shape[0], 1), dtype=np.int32)
-        return np.ascontiguousarray(np.concatenate([zero, counts], axis=1))
+        xp = self.xp
+        counts = xp.cumsum(seq_idx[:, 1:] != seq_idx[:, :-1], axis=1, dtype=xp.int32)
+        zero = xp.zeros((seq_idx.shape[0], 1), dtype=xp.int32)
+        return xp.ascontiguousarray(xp.concatenate([zero, counts], axis=1))
+
+
+@dataclass(frozen=True)
+class NumpyBackend(_NumpyApi, Backend):
+    """NumPy arrays: the kernels run on the CPU tile interpreter, one program at a time."""
+
+    kind: ClassVar[str] = "numpy"
+    xp: ClassVar = np
+
+    def _empty(self, shape, dtype):
+        from kernels.interpreter import allocated
+        out = np.empty(shape, dtype=dtype)
+        allocated(out)
+        return out
 
     def _launch(self, kernel, grid, args, stream):
         from kernels import interpreter
@@ -225,7 +231,7 @@ class _GpuBackend(Backend):
 
 
 @dataclass(frozen=True)
-class CupyBackend(_GpuBackend):
+class CupyBackend(_NumpyApi, _GpuBackend):
     """CuPy arrays on one GPU: the kernels run with ct.launch on the caller's current stream."""
 
     kind: ClassVar[str] = "cupy"
@@ -235,26 +241,8 @@ class CupyBackend(_GpuBackend):
         import cupy
         return cupy
 
-    def _contiguous(self, a):
-        return self.xp.ascontiguousarray(a)
-
     def _empty(self, shape, dtype):
         return self.xp.empty(shape, dtype=dtype)
-
-    def zeros(self, shape: tuple[int, ...]):
-        return self.xp.zeros(shape, dtype=self.xp.float32)
-
-    def offsets_int32(self, a, limit: int):
-        xp = self.xp
-        return xp.ascontiguousarray(xp.where((a < 0) | (a > limit), -1, a), dtype=xp.int32)
-
-    def segment_ids(self, seq_idx):
-        if seq_idx is None:
-            return None
-        xp = self.xp
-        counts = xp.cumsum(seq_idx[:, 1:] != seq_idx[:, :-1], axis=1, dtype=xp.int32)
-        zero = xp.zeros((seq_idx.shape[0], 1), dtype=xp.int32)
-        return xp.ascontiguousarray(xp.concatenate([zero, counts], axis=1))
 
     def on_device(self):
         return self.xp.cuda.Device(self.device)
