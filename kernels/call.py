@@ -71,8 +71,15 @@ class Checked(NamedTuple):
 def options(call: Call) -> Options:
     """The call's options checked, in the order ssd_forward documents (a ValueError or TypeError
     naming the option), state_dtype last (as x's dtype allows: x is read for its dtype only)."""
-    return Options(bool(call.dt_softplus), _flags(call), call.check_values, call.batch_parts,
-                   call.route, _states(call))
+    return _options(call, _flags(call))
+
+
+def _options(call: Call, dt_limit: tuple[float, float]) -> Options:
+    """The Options of a call whose flags are checked (`dt_limit`: _flags'), state_dtype checked
+    here: the chunk states' dtype name, or STATE_DTYPES' for x's dtype."""
+    states = state_dtype_name(call.state_dtype, call.x) or STATE_DTYPES[dtype_name(call.x)]
+    return Options(bool(call.dt_softplus), dt_limit, call.check_values, call.batch_parts,
+                   call.route, states)
 
 
 def _flags(call: Call) -> tuple[float, float]:
@@ -99,11 +106,6 @@ def _flags(call: Call) -> tuple[float, float]:
     return check_dt_limit(c.dt_limit)
 
 
-def _states(call: Call) -> str:
-    """The chunk states' dtype name: state_dtype checked, or STATE_DTYPES' for x's dtype."""
-    return state_dtype_name(call.state_dtype, call.x) or STATE_DTYPES[dtype_name(call.x)]
-
-
 def validate(call: Call) -> Checked:
     """Every check of a call but those that read values (of A, D, dt_bias, and of cu_seqlens
     and seq_idx with it), in the order ssd_forward documents: its options (state_dtype last,
@@ -128,8 +130,7 @@ def validate(call: Call) -> Checked:
         if num_seqs > GRID_YZ_MAX:
             raise ValueError(f"cu_seqlens: at most {GRID_YZ_MAX} sequences (a grid axis), got "
                              f"{num_seqs}")
-    checked = Options(bool(c.dt_softplus), dt_limit, c.check_values, c.batch_parts, c.route,
-                      _states(c))
+    checked = _options(c, dt_limit)
     check_grid(dims.batch, dims.nheads)
     return Checked(backend, dims, checked, num_seqs)
 

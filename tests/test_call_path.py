@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 CASE = Case("call_path", 2, 40, 4, 8, 2, 8, 16, D="head", z=True, dt="softplus",
             initial_states=True, seq_idx=True)
 # the functions that check arguments (contract's checkers, the call's validation) or build a plan
-CHECKS = ("check_", "_check", "validate", "_flags", "_states", "options", "build")
+CHECKS = ("check_", "_check", "validate", "_flags", "_options", "options", "build")
 
 
 def _module(code) -> str | None:
