@@ -471,8 +471,12 @@ def mutated_tree(mutant: Mutant) -> Path:
 
 def python_in(root: Path, module_args: list[str], *, capture: bool = True,
               **kwargs) -> subprocess.CompletedProcess:
-    """`python <module_args>` with `root`'s packages first on the path (not the installed ones)."""
-    env = dict(os.environ, PYTHONPATH=str(root), **kwargs.pop("env", {}))
+    """`python <module_args>` with `root`'s packages first on the path (before the installed
+    ones and the caller's PYTHONPATH, which stays after them: packages installed there, e.g. a
+    cuda-tile unpacked to a folder, are still found)."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *inherited]),
+               **kwargs.pop("env", {}))
     return subprocess.run([sys.executable, *module_args], cwd=root, env=env,
                           capture_output=capture, text=True, **kwargs)
 

@@ -40,6 +40,22 @@ def test_mutant_catalogue_applies_to_current_kernel_source():
         assert m.old != m.new
 
 
+def test_a_mutated_tree_runs_first_and_keeps_the_callers_pythonpath(tmp_path, monkeypatch):
+    """python_in puts the mutated tree's packages first and keeps the caller's PYTHONPATH after
+    them: a package the caller reaches only through PYTHONPATH (cuda-tile unpacked to a folder,
+    as on a machine without an install) is still importable in the mutated tree."""
+    extra = tmp_path / "site"
+    (extra / "only_here").mkdir(parents=True)
+    (extra / "only_here" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(extra), str(REPO)]))
+    root = tmp_path / "tree"
+    (root / "kernels").mkdir(parents=True)
+    (root / "kernels" / "__init__.py").write_text("")
+    out = mutants.python_in(root, ["-c", "import kernels, only_here; print(kernels.__file__)"])
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()).parent == root / "kernels"
+
+
 @settings(max_examples=50, derandomize=True, database=None)
 @given(spec=specs(carried=True))
 def test_carried_specs_hold_moderate_decays_over_two_chunks(spec):
