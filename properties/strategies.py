@@ -595,7 +595,8 @@ class Signature:
     def arguments(self, xp=np) -> dict:
         """ssd_forward's keyword arguments of this signature, as arrays of module `xp` (values
         random; a plan reads none). bfloat16 on the GPU comes as torch tensors (CuPy has no
-        bfloat16), every array of the call alike."""
+        bfloat16), every array of the call alike, each read forwards (`backwards` does not apply
+        to them: a torch tensor has no negative stride)."""
         d, rng = self.dims, np.random.default_rng(0)
         narrow = ml_dtypes.bfloat16 if self.dtype == "bfloat16" else np.dtype(self.dtype)
         weight = narrow if self.weights == "activation" else np.float32
@@ -608,7 +609,9 @@ class Signature:
             values = (-abs(values) if negative else values).astype(dtype)
             step = 2 if name in self.strided else 1  # every other element of a longer last axis
             wide = np.repeat(values, step, axis=-1)
-            if name in self.backwards:  # the same values read backwards from a reversed copy
+            # the same values read backwards from a reversed copy (not for torch tensors, which
+            # have no negative strides: read forwards there)
+            if name in self.backwards and backend != "torch":
                 return place(np.ascontiguousarray(wide[..., ::-1]))[..., ::-step]
             return place(wide)[..., ::step]
         segments = np.repeat(np.arange(2)[None], d.batch, 0).repeat(-(-d.seqlen // 2), 1)
