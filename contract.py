@@ -75,15 +75,20 @@ class Dims:
         return tuple(getattr(self, d) for d in SHAPES[name])
 
 
-_DTYPE_NAMES: dict = {}  # dtype object -> its name: str() of a dtype costs microseconds per call
+# NumPy dtype -> its name: str() of a NumPy dtype costs microseconds per call
+_DTYPE_NAMES: dict[np.dtype, str] = {}
 
 
 def dtype_name(a) -> str:
     """'float32', 'bfloat16', ... for NumPy, CuPy and torch arrays alike."""
     dtype = a.dtype
+    if not isinstance(dtype, np.dtype):
+        # torch: named directly (torch.compile traces this call, and its dict lookups cannot
+        # hash the NumPy dtypes the memo holds)
+        return str(dtype).removeprefix("torch.")
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+        name = _DTYPE_NAMES[dtype] = str(dtype)
     return name
 
 
