@@ -986,11 +986,12 @@ PROPERTIES = {prop.name: prop for prop in [
     # carry shows above the bound; three quarters without seq_idx (the program per chunk runs
     # without it only), a quarter of them wide
     # on the GPU one bucket per branch (properties.profiles.buckets): each example compiles
-    # several kernels (every choice at its drawn hint and token block)
+    # several kernels (every choice at its drawn hint and token block); the profile's buckets
+    # for shared heads (its one bucket has a single group: the second brings groups of heads)
     Property("compute_out_alone", compute_out_alone, lambda: _with(
-        st.one_of(*(problems(**kw, buckets=min(1, buckets())) for kw in (
-            {}, dict(segments=False), dict(segments=False, wide=True),
-            dict(shared_heads=True, segments=False, carried=True)))),
+        st.one_of(*(problems(**kw, buckets=min(n, buckets())) for kw, n in (
+            ({}, 1), (dict(segments=False), 1), (dict(segments=False, wide=True), 1),
+            (dict(shared_heads=True, segments=False, carried=True), 2)))),
         occupancy=lambda p: st.sampled_from(_OCCUPANCIES),
         block_t=lambda p: st.sampled_from(_BLOCK_TS))),
     # a quarter of the examples wide; at a drawn occupancy hint (each example compiles the
