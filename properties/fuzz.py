@@ -4,15 +4,16 @@ worker processes that share one example database.
     python -m properties.fuzz --minutes 30 --backend gpu --out .fuzz/
     python -m properties.fuzz --minutes 30 --backend gpu --database redis://HOST:6379/0
 
-The first runs one worker per visible GPU (times `--per-gpu`; on the interpreter one per core;
-`--workers N` to choose), each pinned to its device (CUDA_VISIBLE_DEVICES), each drawing its own
-examples (Hypothesis seeds every run from fresh entropy; an explicit seed would keep it from the
-database), all sharing the node's compile cache and the example database: a directory
-(`--database PATH`, default OUT/hypothesis-db; shared storage for several nodes) or a Redis
-server (`redis://HOST:PORT/DB`, through Hypothesis' RedisExampleDatabase). The same command on
-several nodes with the same Redis URL makes one fleet: every worker replays what any worker found
-(failures and the best-targeted examples) before it generates anything new. A worker that cannot
-reach the database says so and stops; the run then fails.
+The first runs `--per-gpu` workers on every visible GPU (default: one per two cores of each
+GPU's share of the node, at most 8; on the interpreter one per core; `--workers N` to choose),
+each pinned to its device (CUDA_VISIBLE_DEVICES), each drawing its own examples (Hypothesis seeds
+every run from fresh entropy; an explicit seed would keep it from the database), all sharing
+the node's compile cache and the example database: a directory (`--database PATH`, default
+OUT/hypothesis-db; shared storage for several nodes) or a Redis server (`redis://HOST:PORT/DB`,
+through Hypothesis' RedisExampleDatabase). The same command on several nodes with the same Redis
+URL makes one fleet: every worker replays what any worker found (failures and the best-targeted
+examples) before it generates anything new. A worker that cannot reach the database says so and
+stops; the run then fails.
 
 Each worker runs the properties round-robin, `--round` examples per property at a time (generate
 and target phases: hypothesis.target climbs toward the worst bound ratio), and reads the clock
@@ -52,6 +53,11 @@ GRACE_SECONDS = {"gpu": 300.0, "interpreter": 120.0}
 STOP_SECONDS = 10.0
 # how often a worker rewrites its summary while examples pass
 SUMMARY_EVERY = 2.0
+# workers per GPU where --per-gpu is not given: one per CORES_PER_WORKER of the cores each GPU
+# has on its node, at most PER_GPU_MAX (a worker is compile- and host-bound: one leaves the GPU
+# mostly idle; DECISIONS.md "Fuzz fleet: workers per GPU")
+CORES_PER_WORKER = 2
+PER_GPU_MAX = 8
 EXIT_DATABASE = 3  # a worker's status where it cannot reach the database
 EXIT_BROKEN = 4  # a worker's status where the harness itself failed (not a kernel)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -293,6 +299,11 @@ def devices(backend: str, listed: str | None) -> list[str | None]:
     return [str(d) for d in range(cupy.cuda.runtime.getDeviceCount())]
 
 
+def per_gpu(gpus: int, cores: int) -> int:
+    """The default workers per GPU on a node of `cores` cores and `gpus` GPUs."""
+    return max(1, min(PER_GPU_MAX, cores // (CORES_PER_WORKER * gpus)))
+
+
 def fleet(args) -> int:
     from properties.runner import resolve_backend
     backend = resolve_backend(args.backend)
@@ -309,8 +320,10 @@ def fleet(args) -> int:
     if not pins:
         print("fuzz: no GPU is visible to pin workers to", file=sys.stderr)
         return EXIT_BROKEN
-    count = args.workers or (len(pins) * args.per_gpu if backend == "gpu" and pins != [None]
-                             else os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    on_gpus = backend == "gpu" and pins != [None]
+    count = args.workers or (len(pins) * (args.per_gpu or per_gpu(len(pins), cores)) if on_gpus
+                             else cores)
     deadline = time.time() + 60.0 * args.minutes
     shutil.rmtree(out / "workers", ignore_errors=True)  # an earlier run's workers are not ours
     stopping: list[str] = []
@@ -440,7 +453,9 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int,
                         help="worker processes (default: per GPU x --per-gpu; on the "
                              "interpreter one per core)")
-    parser.add_argument("--per-gpu", type=int, default=1, help="workers per GPU")
+    parser.add_argument("--per-gpu", type=int,
+                        help=f"workers per GPU (default: one per {CORES_PER_WORKER} cores of "
+                             f"each GPU's share of the node, at most {PER_GPU_MAX})")
     parser.add_argument("--devices", help="comma-separated device ids to pin workers to "
                                           "(default: every visible GPU)")
     parser.add_argument("--database", help="PATH or redis://HOST:PORT/DB (default: "
@@ -461,10 +476,9 @@ def main(argv=None) -> int:
         if database and not database.startswith(("redis://", "rediss://")):
             database = str(Path(database).resolve())
         rest = ["--minutes", str(args.minutes), "--backend", args.backend, "--out",
-                str(args.out.resolve()), "--round", str(args.round), "--per-gpu",
-                str(args.per_gpu), "--planted", args.mutant]
-        for flag, value in (("--workers", args.workers), ("--devices", args.devices),
-                            ("--database", database)):
+                str(args.out.resolve()), "--round", str(args.round), "--planted", args.mutant]
+        for flag, value in (("--workers", args.workers), ("--per-gpu", args.per_gpu),
+                            ("--devices", args.devices), ("--database", database)):
             rest += [] if value is None else [flag, str(value)]
         rest += [] if args.reach else ["--no-reach"]
         rest += ["--properties", *args.properties] if args.properties else []

@@ -98,6 +98,15 @@ def test_workers_are_pinned_to_the_devices_named(tmp_path):
     assert len({w["pid"] for w in workers}) == 3
 
 
+def test_workers_per_gpu_follow_the_cores_each_gpu_has():
+    """The default per GPU: one worker per CORES_PER_WORKER cores of each GPU's share, at least
+    one, at most PER_GPU_MAX (the H200 figure: DECISIONS.md "Fuzz fleet: workers per GPU")."""
+    from properties.fuzz import CORES_PER_WORKER, PER_GPU_MAX, per_gpu
+    assert per_gpu(1, 16) == min(PER_GPU_MAX, 16 // CORES_PER_WORKER) == 8
+    assert per_gpu(8, 128) == 8  # an 8-GPU node of 128 cores: 64 workers
+    assert per_gpu(2, 8) == 2
+    assert per_gpu(4, 2) == 1  # fewer cores than GPUs: still one each
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
