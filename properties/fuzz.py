@@ -55,9 +55,11 @@ STOP_SECONDS = 10.0
 SUMMARY_EVERY = 2.0
 # workers per GPU where --per-gpu is not given: one per CORES_PER_WORKER of the cores each GPU
 # has on its node, at most PER_GPU_MAX (a worker is compile- and host-bound: one leaves the GPU
-# mostly idle; DECISIONS.md "Fuzz fleet: workers per GPU")
+# mostly idle; DECISIONS.md "Fuzz fleet: workers and threads")
 CORES_PER_WORKER = 2
 PER_GPU_MAX = 8
+# the thread counts a worker's BLAS and OpenMP read (its share of the cores: the same section)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 EXIT_DATABASE = 3  # a worker's status where it cannot reach the database
 EXIT_BROKEN = 4  # a worker's status where the harness itself failed (not a kernel)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -304,6 +306,17 @@ def per_gpu(gpus: int, cores: int) -> int:
     return max(1, min(PER_GPU_MAX, cores // (CORES_PER_WORKER * gpus)))
 
 
+def worker_env(environ, pin: str | None, cores: int, workers: int) -> dict:
+    """A worker's environment: pinned to device `pin` (None: not pinned), and its BLAS and
+    OpenMP threads (the float64 references, the interpreter) its share of the node's cores,
+    where the caller has not set them (each library's default, a thread per core in every
+    worker, oversubscribes the node)."""
+    env = dict(environ) | ({} if pin is None else {"CUDA_VISIBLE_DEVICES": pin})
+    for name in THREAD_VARIABLES:
+        env.setdefault(name, str(max(1, cores // workers)))
+    return env
+
+
 def fleet(args) -> int:
     from properties.runner import resolve_backend
     backend = resolve_backend(args.backend)
@@ -336,8 +349,7 @@ def fleet(args) -> int:
         for i in range(count):
             if stopping:
                 break
-            pin = pins[i % len(pins)]
-            env = dict(os.environ) | ({} if pin is None else {"CUDA_VISIBLE_DEVICES": pin})
+            env = worker_env(os.environ, pins[i % len(pins)], cores, count)
             command = [sys.executable, "-m", "properties.fuzz", "--worker", str(i),
                        "--deadline", repr(deadline), "--backend", backend, "--out", str(out),
                        "--database", database, "--round",

@@ -100,12 +100,24 @@ def test_workers_are_pinned_to_the_devices_named(tmp_path):
 
 def test_workers_per_gpu_follow_the_cores_each_gpu_has():
     """The default per GPU: one worker per CORES_PER_WORKER cores of each GPU's share, at least
-    one, at most PER_GPU_MAX (the H200 figure: DECISIONS.md "Fuzz fleet: workers per GPU")."""
+    one, at most PER_GPU_MAX (the H200 figure: DECISIONS.md "Fuzz fleet: workers and threads")."""
     from properties.fuzz import CORES_PER_WORKER, PER_GPU_MAX, per_gpu
     assert per_gpu(1, 16) == min(PER_GPU_MAX, 16 // CORES_PER_WORKER) == 8
     assert per_gpu(8, 128) == 8  # an 8-GPU node of 128 cores: 64 workers
     assert per_gpu(2, 8) == 2
     assert per_gpu(4, 2) == 1  # fewer cores than GPUs: still one each
+
+
+def test_a_workers_threads_are_its_share_of_the_cores():
+    """Each worker's BLAS / OpenMP threads: the node's cores over the workers (at least one),
+    unless the caller set them; pinned where a device is named."""
+    from properties.fuzz import THREAD_VARIABLES, worker_env
+    env = worker_env({"PATH": "/bin"}, "3", cores=16, workers=8)
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["PATH"] == "/bin"
+    assert all(env[name] == "2" for name in THREAD_VARIABLES)
+    env = worker_env({"OMP_NUM_THREADS": "4"}, None, cores=2, workers=4)
+    assert "CUDA_VISIBLE_DEVICES" not in env and env["OMP_NUM_THREADS"] == "4"
+    assert env["OPENBLAS_NUM_THREADS"] == "1"
 
 def _free_port() -> int:
     with socket.socket() as s:
