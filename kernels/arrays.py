@@ -258,7 +258,7 @@ class CupyBackend(_NumpyApi, _GpuBackend):
         return self.xp.cuda.Event(disable_timing=True)
 
     def _new_stream(self):
-        with self.xp.cuda.Device(self.device):
+        with self.on_device():
             return self.xp.cuda.Stream(non_blocking=True)
 
     def _multiprocessors(self) -> int:
