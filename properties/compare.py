@@ -53,8 +53,9 @@ class ForwardBounds:
 
 
 # The chunk states' dtype docs/api.md promises where state_dtype is None, by the activations'
-# dtype: the harness's own statement, never the forward's default (kernels.ssd_forward), so that a
-# wrong default cannot loosen the bound it is checked by; test_plan checks the plans keep it.
+# dtype: the harness's own statement, never the forward's default (kernels.call.STATE_DTYPES),
+# so that a wrong default cannot loosen the bound it is checked by; test_plan checks the plans
+# keep it.
 DEFAULT_STATE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
 
 
