@@ -3,6 +3,8 @@
 ANCHORS: the spec's five rows ("Anchors measured on the H200"), with mamba_ssm's medians measured
 there (ms; fp32, bf16) and issue 6's fp32 targets for ssd_forward (ms).
 THREE_KERNEL_ROWS: shapes whose bfloat16 forward keeps chunk states (benchmarks.narrow).
+SMALL_GRID_ROWS: float32 grids of under a wave of scan programs, where the forward's route is
+decided (benchmarks.sweep --forward times every route).
 SWEEP: the seqlen sweep behind the picture (Mamba-2 2.7B heads, batch 1).
 row_inputs: a row's input arrays on the GPU.
 """
@@ -42,6 +44,13 @@ THREE_KERNEL_ROWS = {
     "b1_8k_h16": (1, 8192, 16, 64, 128, 1, 256),
     "b2_8k_h8_n64_c128": (2, 8192, 8, 64, 64, 1, 128),
     "b1_32k_h24": (1, 32768, 24, 64, 128, 1, 256),
+}
+
+# scan programs on an H200 (132 SMs): 80 (long_seq, an anchor), 96, and 128: the groups_8 layer's
+# real call in benchmarks.client (D per head here)
+SMALL_GRID_ROWS = {
+    "b2_8k_h48": (2, 8192, 48, 64, 128, 1, 256),
+    "groups_8_layer": (2, 4000, 64, 64, 64, 8, 128),
 }
 
 SWEEP_SEQLENS = (1024, 2048, 4096, 8192, 16384)

@@ -46,9 +46,11 @@ launched without `choice=` (its own rules' choice); its outputs are compared wit
 --forward times ssd_forward itself (D, final states) as called by default (A, D checked by the
 kernels), with check_values=True (A, D read on the host: a synchronisation inside the timed span)
 and with check_values=False, the latter also with batch_parts=1 and 2 (the batch whole and in
-two slices): the GPU time behind a prefill (rounds whose start the GPU reached before the host
-had enqueued them are counted as starved: their medians hold host time), and the median host
-time of a call enqueued on an idle GPU.
+two slices) and on each of its routes (kernels.launches.ROUTES; --rows may also name
+benchmarks.configs.SMALL_GRID_ROWS, where the route is decided): the GPU time behind a
+prefill (rounds whose start the GPU reached before the host had enqueued them are counted as
+starved: their medians hold host time), and the median host time of a call enqueued on an idle
+GPU.
 
 --tune runs kernels.tune_forward on each row (D on, float32) and prints every compute_out choice
 with its mean time as cuda.tile.tune measured it, the fastest marked `best`, the rules' `rules`.
@@ -70,7 +72,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.configs import ANCHORS, dims_of, row_inputs
+from benchmarks.configs import ANCHORS, SMALL_GRID_ROWS, dims_of, row_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -453,7 +455,8 @@ def ablate_row(name: str, reps: int, flush, tmpdir: Path, results: list, *, only
 
 def time_forward(name, reps, flush, results):
     """ssd_forward on row `name`: as called by default, without the value read, and without it
-    with batch_parts=1 and 2 (the batch whole and in two slices) where the batch allows. Each:
+    with batch_parts=1 and 2 (the batch whole and in two slices) where the batch allows and on
+    each route the shape can take (kernels.launches.ROUTES). Each:
     the median GPU time of `reps` calls, each behind MAX_PREFILL flushes (the number of calls
     whose start the GPU reached before the host had enqueued them is printed: those medians
     include host time), and the median host time of a call enqueued on an idle GPU (its Python,
@@ -461,16 +464,21 @@ def time_forward(name, reps, flush, results):
     import cupy
     import kernels
     from benchmarks.timing import MAX_PREFILL
-    config = ANCHORS[name]
+    from kernels.launches import ROUTES
+    from kernels.ssd_scan import scan_fits
+    config = (ANCHORS | SMALL_GRID_ROWS)[name]
     inp = row_inputs(config)
-    for check, parts in ((None, None), (True, None), (False, None), (False, 1), (False, 2)):
+    routes = [r for r in ROUTES if r != "scan" or scan_fits(config[4])]
+    variants = [(None, None, None), (True, None, None), (False, None, None), (False, 1, None),
+                (False, 2, None)] + [(False, None, route) for route in routes]
+    for check, parts, route in variants:
         if parts is not None and parts > config[0]:
             continue
 
-        def call(check=check, parts=parts):
+        def call(check=check, parts=parts, route=route):
             return kernels.ssd_forward(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],
                                        config[-1], D=inp["D"], return_final_states=True,
-                                       check_values=check, batch_parts=parts)
+                                       check_values=check, batch_parts=parts, route=route)
         call()
         host = []
         for _ in range(reps):
@@ -480,7 +488,8 @@ def time_forward(name, reps, flush, results):
             host.append((time.perf_counter() - t0) * 1e6)
         ms, starved = fed_gpu_time(call, reps, flush, MAX_PREFILL)
         host_us = sorted(host)[reps // 2]
-        tag = f"check_values={check}" + ("" if parts is None else f",batch_parts={parts}")
+        tag = (f"check_values={check}" + ("" if parts is None else f",batch_parts={parts}")
+               + ("" if route is None else f",route={route}"))
         results.append(dict(row=name, kernel="ssd_forward", variant=tag, ms=ms,
                             host_us=host_us, starved=starved))
         print(f"{name:12s} ssd_forward    {tag:34s} {ms:8.4f} ms  host {host_us:7.1f} us  "
@@ -531,7 +540,8 @@ def parse_args(argv=None):
     labels (choices; ablation names with --ablate), --candidate MODULE=FILE."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", default=",".join(DEFAULT_ROWS),
-                   help=f"comma-separated rows of {', '.join(ANCHORS)}")
+                   help=f"comma-separated rows of {', '.join(ANCHORS)} (--forward: also "
+                        f"{', '.join(SMALL_GRID_ROWS)})")
     p.add_argument("--reps", type=int, default=20)
     modes = p.add_mutually_exclusive_group()
     modes.add_argument("--all", action="store_true",
@@ -549,10 +559,11 @@ def parse_args(argv=None):
     p.add_argument("--json")
     a = p.parse_args(argv)
     a.rows = a.rows.split(",")
-    unknown = [r for r in a.rows if r not in ANCHORS]
+    rows = ANCHORS | SMALL_GRID_ROWS if a.forward else ANCHORS
+    unknown = [r for r in a.rows if r not in rows]
     if unknown:
-        p.error(f"--rows: no anchor row {', '.join(map(repr, unknown))} "
-                f"(rows: {', '.join(ANCHORS)})")
+        p.error(f"--rows: no {'' if a.forward else 'anchor '}row "
+                f"{', '.join(map(repr, unknown))} (rows: {', '.join(rows)})")
     if a.reps < 1:
         p.error("--reps: at least 1")
     a.only = [n for n in a.only.split(",") if n] or None

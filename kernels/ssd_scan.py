@@ -50,12 +50,12 @@ FEW_PROGRAMS_CHOICE = {"bfloat16": Choice(1, 1, 64, 8)}
 BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
 # the scan runs (ssd_forward) where its grid has SCAN_MIN_WAVES programs per SM or more (each
 # runs through the whole sequence: a smaller grid leaves SMs idle, where fwd_pass_state takes
-# the chunks in parallel), by the inputs' dtype (bfloat16 products: half a wave pays; the rest
-# as float32, measured there), and the state tile, [BLOCK_P, DSTATE tile], has a dstate tile of
-# at most SCAN_MAX_DSTATE (measured there only); DECISIONS.md "ssd_forward: one pass or two
-# kernels"
+# the chunks in parallel), by the inputs' dtype (bfloat16 products: 0.4 of a wave pays; the
+# rest as float32, measured there: 0.7), and the state tile, [BLOCK_P, DSTATE tile], has a
+# dstate tile of at most SCAN_MAX_DSTATE (measured there only); DECISIONS.md "ssd_forward: one
+# pass or two kernels"
 SCAN_MIN_WAVES = {"bfloat16": 0.4}
-SCAN_MIN_WAVES_OTHERS = 1.0
+SCAN_MIN_WAVES_OTHERS = 0.7
 SCAN_MAX_DSTATE = 128
 # C . B^T takes bfloat16 inputs as they are, and float16 ones from a dstate tile of
 # FLOAT16_CB_MIN_DSTATE: there float16 operands free the TF32 tiles' registers the loop

@@ -73,9 +73,12 @@ def test_two_heads_only_where_they_share_a_group():
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float32", True, id="mamba2_2p7b"),
     pytest.param(Dims(8, 2048, 24, 64, 1, 128, 256), "float32", True, id="mamba2_130m"),
     # 80 programs on 132 SMs: the scan in bfloat16 (0.4 of a wave or more), the two kernels in
-    # float32 (a wave or more)
+    # float32 and float16 (0.7 of a wave or more: 93 programs)
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "bfloat16", True, id="long_seq_bf16"),
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float32", False, id="long_seq_fp32"),
+    pytest.param(Dims(1, 16384, 93, 64, 1, 128, 256), "float32", True, id="93_programs_fp32"),
+    pytest.param(Dims(1, 16384, 92, 64, 1, 128, 256), "float16", False, id="92_programs_fp16"),
+    pytest.param(Dims(2, 4000, 64, 64, 8, 64, 128), "float32", True, id="groups_8_layer_fp32"),
     pytest.param(Dims(1, 16384, 53, 64, 1, 128, 256), "bfloat16", True, id="53_programs_bf16"),
     pytest.param(Dims(1, 16384, 52, 64, 1, 128, 256), "bfloat16", False, id="52_programs_bf16"),
     pytest.param(Dims(1, 4096, 24, 64, 1, 128, 256), "bfloat16", False, id="24_programs_bf16"),
