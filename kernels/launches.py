@@ -131,24 +131,24 @@ _NARROW = ("x", "B", "C", "z", "y")
 
 class Slot:
     """A stand-in for one of a call's arrays while its launches are chosen (kernels.plan): its
-    name, shape, dtype name and strides in elements (all the launchers read; None:
-    C-contiguous) and, for a batch slice of it, its rows (lo, hi)."""
+    name, shape, dtype name, item size and strides in bytes (NumPy's names: the launchers read
+    them through contract.element_strides as any array's, with no call back into this module)
+    and, for a batch slice of it, its rows (lo, hi)."""
 
-    __slots__ = ("name", "shape", "dtype", "strides", "rows")
+    __slots__ = ("name", "shape", "dtype", "itemsize", "strides", "rows")
 
     def __init__(self, name: str, shape: tuple[int, ...], dtype: str, strides=None, rows=None):
+        """`strides`: in elements; None: C-contiguous."""
         self.name, self.shape, self.dtype, self.rows = name, shape, dtype, rows
-        self.strides = strides
-
-    def stride(self) -> tuple[int, ...]:
-        """The strides in elements, as torch names them (contract.element_strides reads it)."""
-        return self.strides or contiguous_strides(self.shape)
+        self.itemsize = ITEMSIZES[dtype]
+        self.strides = tuple(s * self.itemsize for s in strides or contiguous_strides(shape))
 
     def __getitem__(self, index: slice) -> Slot:
         lo, hi, _ = index.indices(self.shape[0])
         if (lo, hi) == (0, self.shape[0]):  # the whole batch: the array itself, not a view
             return self
-        return Slot(self.name, (hi - lo, *self.shape[1:]), self.dtype, self.strides, (lo, hi))
+        return Slot(self.name, (hi - lo, *self.shape[1:]), self.dtype,
+                    tuple(s // self.itemsize for s in self.strides), (lo, hi))
 
 
 def part_launches(arrays: ForwardArrays, sm_count, parts: int, *,

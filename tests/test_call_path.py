@@ -1,7 +1,9 @@
 """The path of a call through the product (kernels.ssd_forward's pipeline: call, plan, bind,
 launch), traced with sys.setprofile: a first call of a signature validates and builds its plan
-once; a second call of it runs no check and builds nothing. `moves` counts the steps from one
-project module into another, as a reader following `x` would take them."""
+once, and no module calls back into one that called it (the stages nest: no bounce); a second
+call of it runs no check and builds nothing. `moves` counts the steps from one project module
+into another, as a reader following `x` would take them; `bounces` those into a module still
+waiting below on the stack."""
 
 import sys
 from collections import Counter
@@ -31,9 +33,11 @@ def _module(code) -> str | None:
     return ".".join(parts)
 
 
-def trace(call) -> tuple[Counter, list[tuple[str, str]]]:
-    """(calls by (module, function), moves from one project module into another) of call()."""
-    calls, moves, stack = Counter(), [], []
+def trace(call) -> tuple[Counter, list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """(calls by (module, function), moves from one project module into another, bounces: moves
+    (caller, module, function) into a module already on the stack below the caller) of
+    call()."""
+    calls, moves, bounces, stack = Counter(), [], [], []
 
     def profile(frame, event, arg):
         if event == "call":
@@ -43,6 +47,8 @@ def trace(call) -> tuple[Counter, list[tuple[str, str]]]:
                 calls[module, frame.f_code.co_name] += 1
                 if caller is not None and module != caller:
                     moves.append((caller, module))
+                    if module in stack:
+                        bounces.append((caller, module, frame.f_code.co_name))
             stack.append(module or caller)
         elif event == "return" and stack:
             stack.pop()
@@ -52,7 +58,7 @@ def trace(call) -> tuple[Counter, list[tuple[str, str]]]:
         call()
     finally:
         sys.setprofile(None)
-    return calls, moves
+    return calls, moves, bounces
 
 
 @pytest.fixture
@@ -66,11 +72,12 @@ def fresh_plans(monkeypatch):
 def test_a_second_call_runs_no_check(fresh_plans):
     kw = make_inputs(CASE)
     call = lambda: ssd_forward(**kw, check_values=False, return_final_states=True)
-    first, first_moves = trace(call)
-    second, second_moves = trace(call)
+    first, first_moves, first_bounces = trace(call)
+    second, second_moves, _ = trace(call)
     checks = lambda calls: {f"{m}.{f}": n for (m, f), n in calls.items()
                             if f.startswith(CHECKS)}
     assert first["kernels.call", "validate"] == 1 and first["kernels.plan", "build"] == 1
+    assert first_bounces == [], Counter(first_bounces)
     assert checks(second) == {}, checks(second)
     # a second call: the public function, its plan (key, bind, arrays), the launches and the
     # error word; never the contract, the launchers' rules or the kernel modules
@@ -84,7 +91,7 @@ def test_host_value_checks_run_per_call_where_asked(fresh_plans):
     not part of a signature."""
     kw = make_inputs(CASE)
     for _ in range(2):
-        calls, _ = trace(lambda: ssd_forward(**kw, check_values=True))
+        calls, _, _ = trace(lambda: ssd_forward(**kw, check_values=True))
         assert calls["contract", "check_vector_values"] == 1
         assert calls["kernels.call", "validate"] <= 1
 
@@ -96,14 +103,15 @@ def main():
     interpreter.launch = lambda grid, kernel, args: None
     kw = make_inputs(CASE)
     for label in ("first", "second"):
-        calls, moves = trace(lambda: ssd_forward(**kw, check_values=False,
-                                                 return_final_states=True))
+        calls, moves, bounces = trace(lambda: ssd_forward(**kw, check_values=False,
+                                                          return_final_states=True))
         seen, back = set(), 0
         for _, module in moves:
             back += module in seen
             seen.add(module)
         print(f"{label} call: {sum(calls.values())} calls in {len({m for m, _ in calls})} "
-              f"modules, {len(moves)} moves between modules, {back} back into one visited")
+              f"modules, {len(moves)} moves between modules, {back} back into one visited, "
+              f"{len(bounces)} into one waiting below on the stack")
         for (m, f), n in sorted(calls.items()):
             print(f"  {m}.{f} x{n}")
 
