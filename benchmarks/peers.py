@@ -1,5 +1,5 @@
-"""cuTile's ssd_forward beside mamba_ssm and flash-linear-attention on the anchor rows, in one
-process (GPU only; torch, and each peer where it imports).
+"""cuTile's ssd_forward beside mamba_ssm, flash-linear-attention and fused-5 on the anchor rows, in
+one process (GPU only; torch, and each peer where it imports).
 
     python -m benchmarks.peers [--rows mamba2_2p7b,long_seq] [--dtype bfloat16] [--reps 10]
     python -m benchmarks.peers --varlen [--dtype bfloat16] [--reps 10]
@@ -8,7 +8,12 @@ Each row's inputs are benchmarks.configs.row_inputs (D per head, final states re
 in --dtype. Timed: ssd_forward as called by default; mamba_ssm's mamba_chunk_scan_combined;
 flash-linear-attention's chunk_simple_gla, the core of the same recurrence, on inputs prepared
 before the timing (fla_inputs: q and k are C and B expanded to every head of their group, v is
-x dt, g the log decays dt A; its y lacks the D x term). Each round runs behind an L2 flush and a
+x dt, g the log decays dt A; its y lacks the D x term); fused-5, the one-kernel Triton forward of
+the PyTorch/IBM "Accelerating Mamba2 with kernel fusion" work (`_fused5_ssd`, file
+mamba_ssm/ops/triton/ssd_fused5.py of the repository RishiAstra/mamba: that fork installed, or the
+file alone on PYTHONPATH as `ssd_fused5`), called as its authors do, D and chunk_size given. A peer
+that fails on a row (fused-5 compiles for float16 and float32 only) is printed as failed, the
+rest of the table goes on. Each round runs behind an L2 flush and a
 ~1 ms GPU sleep (so the host's enqueueing is hidden), timed with CUDA events; the median of
 --reps rounds, in ms. The full benchmark (checks against the reference, every kernel, the gate)
 is `python -m pytest -m benchmark`; this is its peers' table alone, quick.
@@ -17,6 +22,7 @@ is `python -m pytest -m benchmark`; this is its peers' table alone, quick.
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 
 from benchmarks.configs import ANCHORS, row_inputs
@@ -89,7 +95,45 @@ def row_calls(name: str, dtype: str) -> dict:
     else:
         inputs = fla_inputs(a["x"], a["dt"], a["A"], a["B"], a["C"])
         calls["fla"] = lambda: fla_core(chunk_simple_gla, **inputs)
+    fused5 = fused5_ssd()
+    if fused5 is not None:
+        calls["fused5"] = lambda: fused5(*args[:5], a["D"], chunk_size=chunk_size)
     return calls
+
+
+def fused5_ssd():
+    """fused-5's `_fused5_ssd` (see the module doc), or None where it does not import."""
+    errors = []
+    for module in ("mamba_ssm.ops.triton.ssd_fused5", "ssd_fused5"):
+        try:
+            return importlib.import_module(module)._fused5_ssd
+        except Exception as e:  # ImportError, or a broken triton/torch install under it
+            errors.append(f"{module}: {type(e).__name__}: {e}")
+    print(f"fused-5 not timed ({'; '.join(errors)})")
+    return None
+
+
+# the table's implementations, in its column order
+IMPLEMENTATIONS = ("cutile", "mamba_ssm", "fla", "fused5")
+
+
+def timed_cells(calls: dict, reps: int, timer=None) -> list[str]:
+    """A table row's cells: each of IMPLEMENTATIONS' median ms ("-" where it was not called,
+    "failed" where it raised), then cuTile's speedup over the fastest peer."""
+    timer = timer or gpu_ms
+    times = {}
+    for impl, call in calls.items():
+        try:
+            times[impl] = timer(call, reps)
+        except Exception as e:  # a peer that does not compile this row: the table goes on
+            print(f"{impl} failed ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            times[impl] = None
+    cells = ["-" if i not in times else "failed" if times[i] is None else f"{times[i]:.3f}"
+             for i in IMPLEMENTATIONS]
+    peers = [t for i, t in times.items() if i != "cutile" and t is not None]
+    speedup = (f"{min(peers) / times['cutile']:.2f}x"
+               if peers and times.get("cutile") is not None else "-")
+    return cells + [speedup]
 
 
 # --varlen: mamba_ssm's own varlen test shape, VARLEN_SEQS sequences of 1 to 199 tokens packed in
@@ -166,11 +210,10 @@ def main(argv=None) -> int:
     unknown = [r for r in rows if r not in ANCHORS]
     if unknown:
         parser.error(f"--rows: unknown rows {unknown}; known: {', '.join(ANCHORS)}")
-    print("| row | dtype | cuTile ms | mamba_ssm ms | fla ms |\n|---|---|---|---|---|")
+    print("| row | dtype | cuTile ms | mamba_ssm ms | fla ms | fused-5 ms | cuTile vs best peer |\n"
+          "|---|---|---|---|---|---|---|")
     for name in rows:
-        times = {impl: gpu_ms(call, args.reps)
-                 for impl, call in row_calls(name, args.dtype).items()}
-        cells = [f"{times[i]:.3f}" if i in times else "-" for i in ("cutile", "mamba_ssm", "fla")]
+        cells = timed_cells(row_calls(name, args.dtype), args.reps)
         print(f"| {name} | {args.dtype} | " + " | ".join(cells) + " |", flush=True)
     return 0
 

@@ -1203,3 +1203,22 @@ def test_torch_baseline_matches_the_reference():
                                          initial_states=T(S0), return_final_states=True)
             assert np.all(np.abs(y.double().numpy() - y_ref) <= y_bound)
             assert np.all(np.abs(final.double().numpy() - final_ref) <= final_bound)
+
+
+def test_peers_table_row_goes_on_past_a_peer_that_fails(capsys):
+    """benchmarks.peers' row: each implementation's median in IMPLEMENTATIONS order, "-" where it
+    was not called, "failed" where it raised (fused-5 on bfloat16), and cuTile's speedup over the
+    fastest peer that ran."""
+    from benchmarks.peers import IMPLEMENTATIONS, timed_cells
+
+    def fails():
+        raise RuntimeError("does not compile for bfloat16")
+    medians = {"cutile": 0.4, "mamba_ssm": 0.7, "fused5": 0.5}
+    calls = {"cutile": "cutile", "mamba_ssm": "mamba_ssm", "fla": fails, "fused5": "fused5"}
+    cells = timed_cells(calls, reps=3, timer=lambda call, reps: (
+        call() if callable(call) else medians[call]))
+    assert IMPLEMENTATIONS == ("cutile", "mamba_ssm", "fla", "fused5")
+    assert cells == ["0.400", "0.700", "failed", "0.500", "1.25x"]
+    assert "fla failed (RuntimeError: does not compile for bfloat16)" in capsys.readouterr().out
+    assert timed_cells({"cutile": "cutile"}, reps=3, timer=lambda c, r: 0.4) == [
+        "0.400", "-", "-", "-", "-"]
