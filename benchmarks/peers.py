@@ -22,6 +22,7 @@ is `python -m pytest -m benchmark`; this is its peers' table alone, quick.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import statistics
 
@@ -101,8 +102,10 @@ def row_calls(name: str, dtype: str) -> dict:
     return calls
 
 
+@functools.cache
 def fused5_ssd():
-    """fused-5's `_fused5_ssd` (see the module doc), or None where it does not import."""
+    """fused-5's `_fused5_ssd` (see the module doc), or None where it does not import (said
+    once)."""
     errors = []
     for module in ("mamba_ssm.ops.triton.ssd_fused5", "ssd_fused5"):
         try:
@@ -119,13 +122,16 @@ IMPLEMENTATIONS = ("cutile", "mamba_ssm", "fla", "fused5")
 
 def timed_cells(calls: dict, reps: int, timer=None) -> list[str]:
     """A table row's cells: each of IMPLEMENTATIONS' median ms ("-" where it was not called,
-    "failed" where it raised), then cuTile's speedup over the fastest peer."""
+    "failed" where a peer raised; cuTile's errors are raised), then cuTile's speedup over the
+    fastest peer."""
     timer = timer or gpu_ms
     times = {}
     for impl, call in calls.items():
         try:
             times[impl] = timer(call, reps)
         except Exception as e:  # a peer that does not compile this row: the table goes on
+            if impl == "cutile":
+                raise
             print(f"{impl} failed ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
             times[impl] = None
     cells = ["-" if i not in times else "failed" if times[i] is None else f"{times[i]:.3f}"

@@ -492,7 +492,7 @@ def time_forward(name, reps, flush, results):
                + ("" if route is None else f",route={route}"))
         results.append(dict(row=name, kernel="ssd_forward", variant=tag, ms=ms,
                             host_us=host_us, starved=starved))
-        print(f"{name:12s} ssd_forward    {tag:34s} {ms:8.4f} ms  host {host_us:7.1f} us  "
+        print(f"{name:12s} ssd_forward    {tag:40s} {ms:8.4f} ms  host {host_us:7.1f} us  "
               f"starved {starved}/{reps}", flush=True)
 
 

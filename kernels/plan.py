@@ -163,7 +163,7 @@ def _parts(dims, backend, x, slots: dict, options: Options) -> int:
         optional = [n for n in ("z", "initial_states", "seq_idx")
                     if ("seg" if n == "seq_idx" else n) in slots]
         state_itemsize = ITEMSIZES[options.state_dtype]
-        layouts = {name: (slot.strides[0] // slot.itemsize, slot.itemsize)
+        layouts = {name: (element_strides(slot)[0], slot.itemsize)
                    for name, slot in slots.items() if len(slot.shape) > 1 and name != "seg"}
         batch_parts = rules_batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
                                         optional, state_itemsize, layouts=layouts,

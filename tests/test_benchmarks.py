@@ -1222,3 +1222,6 @@ def test_peers_table_row_goes_on_past_a_peer_that_fails(capsys):
     assert "fla failed (RuntimeError: does not compile for bfloat16)" in capsys.readouterr().out
     assert timed_cells({"cutile": "cutile"}, reps=3, timer=lambda c, r: 0.4) == [
         "0.400", "-", "-", "-", "-"]
+    with pytest.raises(RuntimeError, match="does not compile"):  # ours failing is no table row
+        timed_cells({"cutile": fails, "mamba_ssm": "mamba_ssm"}, reps=3,
+                    timer=lambda call, reps: call() if callable(call) else medians[call])

@@ -48,17 +48,17 @@ def test_fwd_pass_state_matches_reference(case, mode, backend, request):
     check_within("final_states", final, final_ref, final_M, KAPPA, request.node.name)
 
 
-@pytest.mark.parametrize("case_id, sms_per_program, parallel, block_k", [
-    pytest.param("all_options_chunk256", 1, False, 128, id="as_many_programs_as_sms_in_order"),
-    pytest.param("all_options_chunk256", 2, True, 128, id="fewer_programs_than_sms_parallel"),
-    pytest.param("base_chunk64", 2, False, 64, id="fewer_programs_than_sms_chunk64_in_order"),
+@pytest.mark.parametrize("case_id, programs_vs_sms, parallel, block_k", [
+    pytest.param("all_options_chunk256", 0, False, 128, id="as_many_programs_as_sms_in_order"),
+    pytest.param("all_options_chunk256", 1, True, 128, id="fewer_programs_than_sms_parallel"),
+    pytest.param("base_chunk64", 1, False, 64, id="fewer_programs_than_sms_chunk64_in_order"),
 ])
-def test_grid_size_picks_the_mode(case_id, sms_per_program, parallel, block_k):
+def test_grid_size_picks_the_mode(case_id, programs_vs_sms, parallel, block_k):
     """The launcher runs the chunks in parallel when the sequential grid has fewer programs than
     the device has SMs and the chunks hold 128 tokens or more, else in order: fwd_pass_state's
-    launches, and those of ssd_forward's plan (the batch whole) for a device of that many SMs,
-    where its forward runs the three kernels (half a wave: float32 takes the scan from 0.7 of a
-    wave, kernels.ssd_scan.scan_runs)."""
+    launches on a device of one SM more than its programs (or as many), and those of
+    ssd_forward's plan (the batch whole) where its forward runs the three kernels: on twice as
+    many SMs (float32 takes the scan from 0.7 of a wave, kernels.ssd_scan.scan_runs)."""
     from contract import Dims
     from kernels.launches import ForwardArrays, part_launches
     from tests.test_compile import ArraySpec
@@ -66,17 +66,18 @@ def test_grid_size_picks_the_mode(case_id, sms_per_program, parallel, block_k):
     dims = Dims(case.batch, case.seqlen, case.nheads, case.headdim, case.ngroups, case.dstate,
                 case.chunk_size)
     a = lambda name: ArraySpec(dims.shape(name))
-    sm_count = case.batch * case.nheads * sms_per_program  # headdim, dstate: one slice
+    programs = case.batch * case.nheads  # headdim, dstate: one slice
     alone = fwd_pass_state_launches(a("x"), a("B"), a("dt_out"), a("dA_cumsum"), None, None,
-                                    a("chunk_states"), a("final_states"), sm_count)
+                                    a("chunk_states"), a("final_states"),
+                                    programs + programs_vs_sms)
     arrays = ForwardArrays(a("x"), a("dt"), a("A"), a("B"), a("C"), None, None, None, None, None,
                            False, (0.0, float("inf")), a("dt_out"), a("dA_cumsum"),
                            a("chunk_states"), a("final_states"), a("y"))
-    (forward,) = part_launches(arrays, sm_count, 1)
+    (forward,) = part_launches(arrays, programs * (1 + programs_vs_sms), 1)
     kernels = MODE_KERNELS["parallel_chunks" if parallel else "in_order"]
     name = lambda launch: launch[0]._pyfunc.__name__
     assert [name(launch) for launch in alone] == kernels
-    if sms_per_program == 1:  # a wave of scan programs: the forward is the scan
+    if programs_vs_sms == 0:  # a wave of scan programs: the forward is the scan
         assert [name(launch) for launch in forward] == ["_chunk_cumsum_kernel",
                                                         "_ssd_scan_kernel"]
         forward = []

@@ -72,8 +72,8 @@ def test_two_heads_only_where_they_share_a_group():
 @pytest.mark.parametrize("dims, dtype, runs", [
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float32", True, id="mamba2_2p7b"),
     pytest.param(Dims(8, 2048, 24, 64, 1, 128, 256), "float32", True, id="mamba2_130m"),
-    # 80 programs on 132 SMs: the scan in bfloat16 (0.4 of a wave or more), the two kernels in
-    # float32 and float16 (0.7 of a wave or more: 93 programs)
+    # 80 programs on 132 SMs: the scan in bfloat16 (0.4 of a wave or more), the three kernels in
+    # float32 and float16, which take the scan from 93 programs (0.7 of a wave)
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "bfloat16", True, id="long_seq_bf16"),
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float32", False, id="long_seq_fp32"),
     pytest.param(Dims(1, 16384, 93, 64, 1, 128, 256), "float32", True, id="93_programs_fp32"),
