@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from contract import contiguous_strides
+from contract import contiguous_strides, element_strides
 from kernels.arrays import needs_int64
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
@@ -147,8 +147,8 @@ class Slot:
         lo, hi, _ = index.indices(self.shape[0])
         if (lo, hi) == (0, self.shape[0]):  # the whole batch: the array itself, not a view
             return self
-        return Slot(self.name, (hi - lo, *self.shape[1:]), self.dtype,
-                    tuple(s // self.itemsize for s in self.strides), (lo, hi))
+        return Slot(self.name, (hi - lo, *self.shape[1:]), self.dtype, element_strides(self),
+                    (lo, hi))
 
 
 def part_launches(arrays: ForwardArrays, sm_count, parts: int, *,

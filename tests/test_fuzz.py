@@ -119,6 +119,7 @@ def test_a_workers_threads_are_its_share_of_the_cores():
     assert "CUDA_VISIBLE_DEVICES" not in env and env["OMP_NUM_THREADS"] == "4"
     assert env["OPENBLAS_NUM_THREADS"] == "1"
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
