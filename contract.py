@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -105,7 +106,11 @@ def kernel_layout(a) -> bool:
     views; cuTile specializes each launch on the strides' divisibility and unit strides). A
     negative stride (a reversed NumPy or CuPy view) is copied to C-contiguous first (a named
     copy of the call's plan: kernels.plan)."""
-    return all(s >= 0 for s in element_strides(a))
+    return _in_place(element_strides(a))
+
+
+def _in_place(strides: tuple[int, ...]) -> bool:
+    return all(s >= 0 for s in strides)
 
 
 def element_strides(a) -> tuple[int, ...]:
@@ -225,6 +230,25 @@ def check_dt_limit(dt_limit) -> tuple[float, float]:
     if math.isnan(lo) or math.isnan(hi) or lo < 0.0 or lo > hi:
         raise ValueError(f"dt_limit must satisfy 0 <= lo <= hi, got {dt_limit!r}")
     return lo, hi
+
+
+def check_flag(check_values):
+    """A call's `check_values`, refused unless None, True or False."""
+    if check_values is not None and not isinstance(check_values, bool):
+        raise TypeError(f"check_values: must be None, True or False, got {check_values!r}")
+    return check_values
+
+
+# The grid's 2nd and 3rd axes (nheads, batch in every launcher; a packed row's sequences) are
+# limited to 65535 by CUDA.
+GRID_YZ_MAX = 65535
+
+
+def check_grid(batch: int, nheads: int):
+    if batch > GRID_YZ_MAX:
+        raise ValueError(f"batch must be <= {GRID_YZ_MAX} (a grid axis), got {batch}")
+    if nheads > GRID_YZ_MAX:
+        raise ValueError(f"nheads must be <= {GRID_YZ_MAX} (a grid axis), got {nheads}")
 
 
 def check_vector_values(A=None, D=None, dt_bias=None):
@@ -361,6 +385,65 @@ def check_forward_args(x, dt, A, B, C, chunk_size=None, *, D=None, z=None, dt_bi
     if check_values:
         check_vector_values(A, D=D, dt_bias=dt_bias)
     return dims
+
+
+class Layout(NamedTuple):
+    """An array argument as a plan reads it: its shape, dtype name and strides in elements, the
+    strides None where the kernels cannot read it in place (kernel_layout: it is copied
+    C-contiguous first)."""
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class ForwardArgs:
+    """What check_call finds of a forward's arguments: its dimensions, dt_limit as floats, the
+    chunk states' dtype name as the call gives it (None: the forward's default), a packed row's
+    number of sequences (else None), every contract shape of the call by name (SHAPES) and the
+    Layout of each array argument given (cu_seqlens aside)."""
+    dims: Dims
+    dt_limit: tuple[float, float]
+    state_dtype: str | None
+    num_seqs: int | None
+    shapes: dict[str, tuple[int, ...]]
+    layouts: dict[str, Layout]
+
+
+def check_call(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None,
+               initial_states=None, seq_idx=None, cu_seqlens=None, dt_limit=(0.0, math.inf),
+               check_values=None, state_dtype=None) -> ForwardArgs:
+    """Every check of ssd_forward's arguments that reads no value, in the order it documents:
+    check_values and dt_limit, the shapes and dtypes (dt, A, dt_bias, D, initial_states in
+    float32 or x's 16-bit dtype: weight_dtypes), a packed row's offsets (cu_seqlens: one
+    initial state per sequence), state_dtype (x's dtype known good), the grid's limits; a
+    ValueError or TypeError naming the argument. Returns what a plan is built from."""
+    check_flag(check_values)
+    dt_limit = check_dt_limit(dt_limit)
+    packed = cu_seqlens is not None
+    weights = weight_dtypes(x)
+    dims = check_forward_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                              initial_states=None if packed else initial_states,
+                              seq_idx=seq_idx, dt_limit=dt_limit, float_dtypes=weights,
+                              activation_dtypes=ACTIVATION_DTYPES, check_values=False)
+    num_seqs = None
+    if packed:
+        num_seqs = check_cu_seqlens(cu_seqlens, dims, initial_states, float_dtypes=weights)
+        if num_seqs > GRID_YZ_MAX:
+            raise ValueError(f"cu_seqlens: at most {GRID_YZ_MAX} sequences (a grid axis), got "
+                             f"{num_seqs}")
+    states = state_dtype_name(state_dtype, x)
+    check_grid(dims.batch, dims.nheads)
+    given = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                 initial_states=initial_states, seq_idx=seq_idx)
+    layouts = {}
+    for name, a in given.items():
+        if a is not None:
+            strides = element_strides(a)
+            layouts[name] = Layout(tuple(int(n) for n in a.shape), dtype_name(a),
+                                   strides if _in_place(strides) else None)
+    return ForwardArgs(dims, dt_limit, states, num_seqs,
+                       {name: dims.shape(name) for name in SHAPES}, layouts)
 
 
 def check_chunk_cumsum_args(dt, A, chunk_size, *, dt_bias=None, dt_limit=(0.0, math.inf),

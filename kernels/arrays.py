@@ -96,6 +96,25 @@ class Backend:
             return a
         return self._contiguous(a)
 
+    def call_arrays(self, inputs: dict, *, copies: tuple[str, ...], outputs: tuple,
+                    offsets: int | None = None, cu_seqlens=None) -> dict:
+        """A call's arrays by name as its launches take them (kernels.plan's one call into this
+        module when it binds a call): `inputs` (the array arguments by name) with those named in
+        `copies` laid out C-contiguous (laid_out); seq_idx's segment ids as "seg", or, for a
+        packed row (`offsets`: its seqlen, the offsets' bound), `cu_seqlens` as int32 offsets;
+        and `outputs` allocated: (name, shape, like_x) each, in x's dtype where like_x, else
+        float32."""
+        arrays = dict(inputs)
+        for name in copies:
+            arrays[name] = self.laid_out(arrays[name])
+        if offsets is None:
+            arrays["seg"] = self.segment_ids(arrays["seq_idx"])
+        else:
+            arrays["cu_seqlens"] = self.offsets_int32(cu_seqlens, offsets)
+        for name, shape, like_x in outputs:
+            arrays[name] = self.empty(shape, like=arrays["x"] if like_x else None)
+        return arrays
+
     def empty(self, shape: tuple[int, ...], like=None):
         """A new output array, uninitialized, float32 or of `like`'s dtype (on the interpreter
         with a written-mask where kernels.interpreter.track_writes is active)."""
@@ -414,17 +433,6 @@ def span(a) -> int:
     if 0 in shape:
         return 0
     return 1 + sum((n - 1) * s for n, s in zip(shape, element_strides(a)))
-
-
-# The grid's 2nd and 3rd axes (nheads, batch in every launcher) are limited to 65535 by CUDA.
-GRID_YZ_MAX = 65535
-
-
-def check_grid(batch: int, nheads: int):
-    if batch > GRID_YZ_MAX:
-        raise ValueError(f"batch must be <= {GRID_YZ_MAX} (a grid axis), got {batch}")
-    if nheads > GRID_YZ_MAX:
-        raise ValueError(f"nheads must be <= {GRID_YZ_MAX} (a grid axis), got {nheads}")
 
 
 def pow2_tile(n: int, lo: int = 1, hi: int | None = None) -> int:

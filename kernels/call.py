@@ -7,10 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from contract import (ACTIVATION_DTYPES, Dims, check_cu_seqlens, check_dt_limit,
-                      check_forward_args, dtype_name, state_dtype_name, weight_dtypes)
-from kernels import errors
-from kernels.arrays import GRID_YZ_MAX, Backend, backend_of, check_grid
+from contract import (ForwardArgs, check_call, check_dt_limit, check_flag, dtype_name,
+                      state_dtype_name)
+from kernels.arrays import Backend, backend_of
 from kernels.launches import ROUTES
 
 # The dtype the chunk states are stored in between fwd_pass_state and compute_out where the call
@@ -60,33 +59,36 @@ class Options(NamedTuple):
 
 
 class Checked(NamedTuple):
-    """What validate finds: where the call runs, its dimensions, its options and, for a packed
-    row, its number of sequences (else None)."""
+    """What validate finds: where the call runs, what the contract finds of its arguments
+    (contract.ForwardArgs: dimensions, layouts, a packed row's number of sequences) and its
+    options."""
     backend: Backend
-    dims: Dims
+    args: ForwardArgs
     options: Options
-    num_seqs: int | None
 
 
 def options(call: Call) -> Options:
     """The call's options checked, in the order ssd_forward documents (a ValueError or TypeError
-    naming the option), state_dtype last (as x's dtype allows: x is read for its dtype only)."""
-    return _options(call, _flags(call))
+    naming the option), state_dtype last (as x's dtype allows: x is read for its dtype only):
+    for the torch op's schema (kernels.torch_op), which takes them without the arrays' checks."""
+    _flags(call)
+    check_flag(call.check_values)
+    dt_limit = check_dt_limit(call.dt_limit)
+    return _options(call, dt_limit, state_dtype_name(call.state_dtype, call.x), dtype_name(call.x))
 
 
-def _options(call: Call, dt_limit: tuple[float, float]) -> Options:
-    """The Options of a call whose flags are checked (`dt_limit`: _flags'), state_dtype checked
-    here: the chunk states' dtype name, or STATE_DTYPES' for x's dtype."""
-    states = state_dtype_name(call.state_dtype, call.x) or STATE_DTYPES[dtype_name(call.x)]
+def _options(call: Call, dt_limit: tuple[float, float], state_dtype: str | None,
+             dtype: str) -> Options:
+    """The Options of a call whose options are checked: `state_dtype` its checked name (None:
+    STATE_DTYPES' for the activations' dtype `dtype`)."""
     return Options(bool(call.dt_softplus), dt_limit, call.check_values, call.batch_parts,
-                   call.route, states)
+                   call.route, state_dtype or STATE_DTYPES[dtype])
 
 
-def _flags(call: Call) -> tuple[float, float]:
-    """The checked dt_limit, after check_values, the returns, batch_parts and route (refused
+def _flags(call: Call):
+    """The options only the forward's routes read: the returns, batch_parts and route (refused
     with cu_seqlens, which has one route and one batch element)."""
     c = call
-    errors.check_flag(c.check_values)
     if c.return_varlen_states and c.cu_seqlens is None:
         raise ValueError("return_varlen_states: needs cu_seqlens (the sequences' offsets)")
     if c.cu_seqlens is not None:
@@ -103,34 +105,23 @@ def _flags(call: Call) -> tuple[float, float]:
         raise ValueError(f"batch_parts: must be a positive int or None, got {c.batch_parts!r}")
     if c.route is not None and not (isinstance(c.route, str) and c.route in ROUTES):
         raise ValueError(f"route: must be one of {ROUTES} or None, got {c.route!r}")
-    return check_dt_limit(c.dt_limit)
 
 
 def validate(call: Call) -> Checked:
     """Every check of a call but those that read values (of A, D, dt_bias, and of cu_seqlens
-    and seq_idx with it), in the order ssd_forward documents: its options (state_dtype last,
-    once x's dtype is known good), then where its arrays lie (one kind, one device), their
-    shapes and dtypes, the grid's limits; a ValueError or TypeError naming the argument."""
+    and seq_idx with it), in the order ssd_forward documents: the options the routes read
+    (_flags), where its arrays lie (one kind, one device: kernels.arrays.backend_of), then the
+    contract's checks (contract.check_call: check_values, dt_limit, shapes and dtypes, a packed
+    row's offsets, state_dtype, the grid's limits); a ValueError or TypeError naming the
+    argument. One call into each module."""
     c = call
-    dt_limit = _flags(c)
-    packed = c.cu_seqlens is not None
+    _flags(c)
     backend = backend_of(x=c.x, dt=c.dt, A=c.A, B=c.B, C=c.C, D=c.D, z=c.z, dt_bias=c.dt_bias,
                          initial_states=c.initial_states, seq_idx=c.seq_idx,
                          cu_seqlens=c.cu_seqlens)
-    dims = check_forward_args(c.x, c.dt, c.A, c.B, c.C, c.chunk_size, D=c.D, z=c.z,
-                              dt_bias=c.dt_bias,
-                              initial_states=None if packed else c.initial_states,
-                              seq_idx=c.seq_idx, dt_limit=dt_limit,
-                              float_dtypes=weight_dtypes(c.x),
-                              activation_dtypes=ACTIVATION_DTYPES, check_values=False)
-    num_seqs = None
-    if packed:  # initial_states: one state per sequence
-        num_seqs = check_cu_seqlens(c.cu_seqlens, dims, c.initial_states,
-                                    float_dtypes=weight_dtypes(c.x))
-        if num_seqs > GRID_YZ_MAX:
-            raise ValueError(f"cu_seqlens: at most {GRID_YZ_MAX} sequences (a grid axis), got "
-                             f"{num_seqs}")
-    checked = _options(c, dt_limit)
-    check_grid(dims.batch, dims.nheads)
-    return Checked(backend, dims, checked, num_seqs)
-
+    args = check_call(c.x, c.dt, c.A, c.B, c.C, c.chunk_size, D=c.D, z=c.z, dt_bias=c.dt_bias,
+                      initial_states=c.initial_states, seq_idx=c.seq_idx,
+                      cu_seqlens=c.cu_seqlens, dt_limit=c.dt_limit,
+                      check_values=c.check_values, state_dtype=c.state_dtype)
+    return Checked(backend, args, _options(c, args.dt_limit, args.state_dtype,
+                                           args.layouts["x"].dtype))

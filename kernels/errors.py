@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from contract import check_flag
 from kernels.constants import ERROR_A, ERROR_CU_SEQLENS, ERROR_D, ERROR_DT_BIAS
 
 SLOTS = 1024
@@ -144,13 +145,6 @@ def scratch_word(backend):
         return torch.zeros(1, dtype=torch.int32, device=f"cuda:{backend.device}")
     with backend.on_device():
         return backend.xp.zeros(1, dtype=backend.xp.int32)
-
-
-def check_flag(check_values):
-    """A call's `check_values`, refused unless None, True or False."""
-    if check_values is not None and not isinstance(check_values, bool):
-        raise TypeError(f"check_values: must be None, True or False, got {check_values!r}")
-    return check_values
 
 
 def check_on_host(check_values, backend) -> bool:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from contract import check_vector_values
-from kernels.arrays import backend_of, check_grid
+from contract import check_grid, check_vector_values
+from kernels.arrays import backend_of
 from kernels.errors import check_on_host, open_word
 
 

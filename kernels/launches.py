@@ -151,11 +151,54 @@ class Slot:
                     (lo, hi))
 
 
-def part_launches(arrays: ForwardArrays, sm_count, parts: int, *,
+# ForwardArrays' inputs in its order (seq_idx as its segment ids) and outputs
+FORWARD_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seg")
+FORWARD_OUTPUTS = ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
+
+
+def call_launches(dims, layouts: dict, outputs: dict, *, kind: str, sm_count: int,
+                  num_seqs: int | None, dt_softplus: bool, dt_limit: tuple[float, float],
+                  tuned=None, route: str | None = None,
+                  batch_parts: int | None = None) -> list[list[tuple]]:
+    """A call's launches on stand-ins (Slot) of its arrays, [[(kernel, grid, args)] of each
+    batch slice]: kernels.plan's one call into this module. `layouts`: each array argument
+    given, (shape, dtype name, strides in elements, None where it is copied C-contiguous:
+    contract.Layout), seq_idx read as its int32 segment ids; `outputs`: each output's (shape,
+    dtype name); `kind`, `sm_count`: the backend's; `num_seqs`: a packed row's sequences
+    (varlen_launches), else None: the batch as batch_parts slices (None: rules_batch_parts'
+    count), each sliced forward_launches on `route` with compute_out's `tuned` choices."""
+    slots = {}
+    for name, (shape, dtype, strides) in layouts.items():
+        if name != "seq_idx":
+            slots[name] = Slot(name, shape, dtype, strides)
+        elif num_seqs is None:  # the kernels read its segment ids, made C-contiguous
+            slots["seg"] = Slot("seg", shape, "int32")
+    for name, (shape, dtype) in outputs.items():
+        slots[name] = Slot(name, shape, dtype)
+    arrays = ForwardArrays(*(slots.get(n) for n in FORWARD_INPUTS), dt_softplus, dt_limit,
+                           *(slots.get(n) for n in FORWARD_OUTPUTS),
+                           errors=Slot("errors", (1,), "int32"))
+    if num_seqs is not None:
+        return [varlen_launches(arrays, Slot("cu_seqlens", (num_seqs + 1,), "int32"),
+                                slots["varlen_states"])]
+    if batch_parts is None:
+        given = [n for n in ("z", "initial_states", "seq_idx")
+                 if ("seg" if n == "seq_idx" else n) in slots]
+        batch_layouts = {name: (slot.strides[0] // slot.itemsize, slot.itemsize)
+                         for name, slot in slots.items() if len(slot.shape) > 1 and name != "seg"}
+        batch_parts = rules_batch_parts(dims, kind, slots["x"].itemsize, sm_count, given,
+                                        slots["chunk_states"].itemsize, layouts=batch_layouts,
+                                        route=route)
+    return part_launches(arrays, sm_count, min(batch_parts, dims.batch), tuned=tuned,
+                         route=route)
+
+
+def part_launches(arrays: ForwardArrays, sm_count, parts: int, *, tuned=None,
                   route: str | None = None) -> list[list[tuple]]:
     """The launches of one forward as `parts` slices of the batch, by the launchers' rules on
-    `route` (None: the rules' route): [forward_launches of each] (forward_parts)."""
-    return [forward_launches(*part, route=route)
+    `route` (None: the rules' route) with compute_out's `tuned` choices (None: the rules'):
+    [forward_launches of each] (forward_parts)."""
+    return [forward_launches(*part, tuned, route=route)
             for part in forward_parts(arrays, sm_count, parts)]
 
 

@@ -8,16 +8,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from contract import (check_seq_idx_of_offsets, check_vector_values, cu_seqlens_values,
-                      dtype_name, element_strides, kernel_layout)
+from contract import check_seq_idx_of_offsets, check_vector_values, cu_seqlens_values
 from kernels import tuning_table
 from kernels.call import INPUTS, Call, Options, validate
-from kernels.launches import (ITEMSIZES, ForwardArrays, ForwardPart, Slot, forward_launches,
-                              forward_parts, rules_batch_parts, varlen_launches)
-
-# ForwardArrays' inputs in its order (seq_idx as its segment ids) and outputs
-FORWARD_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seg")
-OUTPUTS = ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
+from kernels.launches import (FORWARD_INPUTS, FORWARD_OUTPUTS, ForwardArrays, ForwardPart, Slot,
+                              call_launches, forward_parts)
 
 
 @dataclass(frozen=True)
@@ -59,18 +54,10 @@ class Plan:
     def arrays(self, call: Call) -> dict:
         """The call's arrays by name, on the current device (the caller makes it the arrays'):
         its inputs, copied where the plan says (copies), the segment ids of seq_idx or a packed
-        row's int32 offsets, and the outputs allocated."""
-        backend = self.backend
+        row's int32 offsets, and the outputs allocated (Backend.call_arrays)."""
         arrays = {name: getattr(call, name) for name in INPUTS}
-        for name in self.copies:
-            arrays[name] = backend.laid_out(arrays[name])
-        if self.offsets is None:
-            arrays["seg"] = backend.segment_ids(arrays["seq_idx"])
-        else:
-            arrays["cu_seqlens"] = backend.offsets_int32(call.cu_seqlens, self.offsets)
-        for name, shape, like_x in self.outputs:
-            arrays[name] = backend.empty(shape, like=arrays["x"] if like_x else None)
-        return arrays
+        return self.backend.call_arrays(arrays, copies=self.copies, outputs=self.outputs,
+                                        offsets=self.offsets, cu_seqlens=call.cu_seqlens)
 
     def check_values(self, call: Call, arrays: dict):
         """The host's checks of the values (a GPU copy waits): A, D and dt_bias; a packed row's
@@ -93,56 +80,43 @@ class Plan:
         callers that launch them with other choices (the tuner, the benchmarks)."""
         forward = ForwardArrays(*(arrays.get(n) for n in FORWARD_INPUTS),
                                 self.options.dt_softplus, self.options.dt_limit,
-                                *(arrays.get(n) for n in OUTPUTS), errors=arrays.get("errors"))
+                                *(arrays.get(n) for n in FORWARD_OUTPUTS),
+                                errors=arrays.get("errors"))
         return forward_parts(forward, self.backend.sm_count, len(self.parts))
 
 
 def build(call: Call) -> Plan:
     """The plan of a call with these arguments, validated (kernels.call.validate: all but the
-    values): the launchers run on stand-ins of its arrays, so the plan holds no array and reads
-    no value; what they refuse (an array past their index width, a route that cannot run) is
-    refused here, before anything is allocated."""
-    backend, dims, options, num_seqs = validate(call)
-    x = call.x
-    given = {n: getattr(call, n) for n in INPUTS if getattr(call, n) is not None}
-    copies, slots = [], {}
-    for name, a in given.items():
-        if name == "seq_idx":  # the kernels read its segment ids, made C-contiguous
-            if num_seqs is None:
-                slots["seg"] = Slot("seg", dims.shape("seq_idx"), "int32")
-            continue
-        laid_out = kernel_layout(a)
-        copies += [] if laid_out else [name]
-        slots[name] = Slot(name, tuple(int(s) for s in a.shape), dtype_name(a),
-                           element_strides(a) if laid_out else None)
-    errors = Slot("errors", (1,), "int32")
+    values): the launchers run on stand-ins of its arrays (kernels.launches.call_launches), so
+    the plan holds no array and reads no value; what they refuse (an array past their index
+    width, a route that cannot run) is refused here, before anything is allocated. One call
+    into each module."""
+    backend, args, options = validate(call)
+    dims, shapes, num_seqs = args.dims, args.shapes, args.num_seqs
+    dtype = args.layouts["x"].dtype
+    copies = tuple(name for name, layout in args.layouts.items() if layout.strides is None)
     if num_seqs is None:
         # y in x's dtype, the chunk states in the options' dtype, the rest float32
-        outputs = tuple((name, dims.shape(name), name == "y" or (
-            name == "chunk_states" and options.state_dtype != "float32")) for name in OUTPUTS)
+        outputs = tuple((name, shapes[name], name == "y" or (
+            name == "chunk_states" and options.state_dtype != "float32"))
+            for name in FORWARD_OUTPUTS)
     else:
         # a packed row: no chunk states; one state per sequence
-        outputs = (("y", dims.shape("y"), True), ("dt_out", dims.shape("dt_out"), False),
-                   ("dA_cumsum", dims.shape("dA_cumsum"), False),
+        outputs = (("y", shapes["y"], True), ("dt_out", shapes["dt_out"], False),
+                   ("dA_cumsum", shapes["dA_cumsum"], False),
                    ("varlen_states", (num_seqs, dims.nheads, dims.headdim, dims.dstate), False))
-    for name, shape, like_x in outputs:
-        slots[name] = Slot(name, shape, dtype_name(x) if like_x else "float32")
-    arrays = ForwardArrays(*(slots.get(n) for n in FORWARD_INPUTS), options.dt_softplus,
-                           options.dt_limit, *(slots.get(n) for n in OUTPUTS), errors=errors)
-    if num_seqs is None:
-        table = tuning_table.table(backend)
-        slices = forward_parts(arrays, backend.sm_count,
-                               _parts(dims, backend, x, slots, options))
-        launches = [forward_launches(part.arrays, part.sm_count, tuned=table,
-                                     route=options.route) for part in slices]
-    else:
-        launches = [varlen_launches(arrays, Slot("cu_seqlens", (num_seqs + 1,), "int32"),
-                                    slots["varlen_states"])]
+    launches = call_launches(
+        dims, args.layouts,
+        {name: (shape, dtype if like_x else "float32") for name, shape, like_x in outputs},
+        kind=backend.kind, sm_count=backend.sm_count, num_seqs=num_seqs,
+        dt_softplus=options.dt_softplus, dt_limit=options.dt_limit,
+        tuned=tuning_table.table(backend) if num_seqs is None else None, route=options.route,
+        batch_parts=options.batch_parts)
     parts = tuple(tuple(PlannedLaunch(kernel, grid, tuple(None if isinstance(a, Slot) else a
-                                                          for a in args),
-                                      tuple((at, a.name, a.rows) for at, a in enumerate(args)
+                                                          for a in values),
+                                      tuple((at, a.name, a.rows) for at, a in enumerate(values)
                                             if isinstance(a, Slot)))
-                        for kernel, grid, args in part) for part in launches)
+                        for kernel, grid, values in part) for part in launches)
     needs = tuple(dict.fromkeys((name, rows) for part in parts for launch in part
                                 for _, name, rows in launch.arrays))
     # the outputs the launches write (the scan takes no chunk_states), y and final_states always
@@ -150,25 +124,8 @@ def build(call: Call) -> Plan:
     outputs = tuple(output for output in outputs if output[0] in needed)
     on_host = (backend.kind == "numpy" if options.check_values is None
                else options.check_values)
-    return Plan(backend, options, tuple(copies), outputs, parts, needs,
+    return Plan(backend, options, copies, outputs, parts, needs,
                 None if num_seqs is None else dims.seqlen, on_host)
-
-
-def _parts(dims, backend, x, slots: dict, options: Options) -> int:
-    """The batch slices of a call: the options' batch_parts where given, else
-    rules_batch_parts' count (`slots`: the stand-ins of the inputs passed, seq_idx's as
-    "seg")."""
-    batch_parts = options.batch_parts
-    if batch_parts is None:
-        optional = [n for n in ("z", "initial_states", "seq_idx")
-                    if ("seg" if n == "seq_idx" else n) in slots]
-        state_itemsize = ITEMSIZES[options.state_dtype]
-        layouts = {name: (element_strides(slot)[0], slot.itemsize)
-                   for name, slot in slots.items() if len(slot.shape) > 1 and name != "seg"}
-        batch_parts = rules_batch_parts(dims, backend.kind, x.dtype.itemsize, backend.sm_count,
-                                        optional, state_itemsize, layouts=layouts,
-                                        route=options.route)
-    return min(batch_parts, dims.batch)
 
 
 # plans kept, by signature (key); the oldest is dropped past MAX_PLANS

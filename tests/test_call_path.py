@@ -1,9 +1,10 @@
-"""The path of a call through the product (kernels.ssd_forward's pipeline: call, plan, bind,
-launch), traced with sys.setprofile: a first call of a signature validates and builds its plan
-once, and no module calls back into one that called it (the stages nest: no bounce); a second
-call of it runs no check and builds nothing. `moves` counts the steps from one project module
-into another, as a reader following `x` would take them; `bounces` those into a module still
-waiting below on the stack."""
+"""The path of a call through the product (kernels.ssd_forward's pipeline: the signature's key,
+then on its first call validate and plan, then bind and launch), traced with sys.setprofile: a
+first call of a signature validates and builds its plan once, each stage's own functions call
+into each other module once (STAGES), and no module calls back into one that called it (the
+stages nest: no bounce); a second call of it runs no check and builds nothing. `moves` counts
+the steps from one project module into another, as a reader following `x` would take them;
+`bounces` those into a module still waiting below on the stack."""
 
 import sys
 from collections import Counter
@@ -19,6 +20,17 @@ CASE = Case("call_path", 2, 40, 4, 8, 2, 8, 16, D="head", z=True, dt="softplus",
             initial_states=True, seq_idx=True)
 # the functions that check arguments (contract's checkers, the call's validation) or build a plan
 CHECKS = ("check_", "_check", "validate", "_flags", "_options", "options", "build")
+# the pipeline's stages, in kernels.ssd_forward.run's order: each stage's own functions, by
+# (module, function); what they call into another module does the stage's work there
+STAGES = {
+    "key": {("kernels.plan", "plan_of"), ("kernels.plan", "key")},
+    "validate": {("kernels.call", "validate"), ("kernels.call", "_flags"),
+                 ("kernels.call", "_options")},
+    "plan": {("kernels.plan", "build")},
+    "bind": {("kernels.plan", "arrays"), ("kernels.plan", "bind")},
+    "launch": {("kernels.arrays", "launch_parts"), ("kernels.arrays", "_launch_parts"),
+               ("kernels.arrays", "launch"), ("kernels.arrays", "_launch")},
+}
 
 
 def _module(code) -> str | None:
@@ -36,20 +48,23 @@ def _module(code) -> str | None:
 def trace(call) -> tuple[Counter, list[tuple[str, str]], list[tuple[str, str, str]]]:
     """(calls by (module, function), moves from one project module into another, bounces: moves
     (caller, module, function) into a module already on the stack below the caller) of
-    call()."""
+    call(). Each move is also kept by its caller's function: `trace.entries`, a Counter of
+    ((caller module, caller function), module entered)."""
     calls, moves, bounces, stack = Counter(), [], [], []
+    trace.entries = entries = Counter()
 
     def profile(frame, event, arg):
         if event == "call":
             module = _module(frame.f_code)
-            caller = stack[-1] if stack else None
+            caller = stack[-1] if stack else (None, None)
             if module is not None:
                 calls[module, frame.f_code.co_name] += 1
-                if caller is not None and module != caller:
-                    moves.append((caller, module))
-                    if module in stack:
-                        bounces.append((caller, module, frame.f_code.co_name))
-            stack.append(module or caller)
+                if caller[0] is not None and module != caller[0]:
+                    moves.append((caller[0], module))
+                    entries[caller, module] += 1
+                    if module in (m for m, _ in stack):
+                        bounces.append((caller[0], module, frame.f_code.co_name))
+            stack.append((module, frame.f_code.co_name) if module else caller)
         elif event == "return" and stack:
             stack.pop()
 
@@ -73,17 +88,31 @@ def test_a_second_call_runs_no_check(fresh_plans):
     kw = make_inputs(CASE)
     call = lambda: ssd_forward(**kw, check_values=False, return_final_states=True)
     first, first_moves, first_bounces = trace(call)
+    entered = stage_entries(trace.entries)
     second, second_moves, _ = trace(call)
     checks = lambda calls: {f"{m}.{f}": n for (m, f), n in calls.items()
                             if f.startswith(CHECKS)}
     assert first["kernels.call", "validate"] == 1 and first["kernels.plan", "build"] == 1
     assert first_bounces == [], Counter(first_bounces)
+    assert {stage for stage, _ in entered} == set(STAGES) - {"launch"}, entered
+    assert max(entered.values()) == 1, entered
     assert checks(second) == {}, checks(second)
     # a second call: the public function, its plan (key, bind, arrays), the launches and the
     # error word; never the contract, the launchers' rules or the kernel modules
     assert {m for m, _ in second} <= {"kernels.ssd_forward", "kernels.plan", "kernels.arrays",
                                       "kernels.errors", "kernels.tuning_table"}, set(second)
     assert len(second_moves) < len(first_moves)
+
+
+def stage_entries(entries: Counter) -> Counter:
+    """Counter of (stage, module): the calls of each stage's own functions (STAGES) into each
+    other project module."""
+    entered = Counter()
+    for (caller, module), n in entries.items():
+        for stage, functions in STAGES.items():
+            if caller in functions:
+                entered[stage, module] += n
+    return entered
 
 
 def test_host_value_checks_run_per_call_where_asked(fresh_plans):
@@ -111,7 +140,9 @@ def main():
             seen.add(module)
         print(f"{label} call: {sum(calls.values())} calls in {len({m for m, _ in calls})} "
               f"modules, {len(moves)} moves between modules, {back} back into one visited, "
-              f"{len(bounces)} into one waiting below on the stack")
+              f"{len(bounces)} into one waiting below on the stack; entered by each stage: "
+              + ", ".join(f"{stage} -> {module} x{n}"
+                          for (stage, module), n in stage_entries(trace.entries).items()))
         for (m, f), n in sorted(calls.items()):
             print(f"  {m}.{f} x{n}")
 
