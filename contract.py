@@ -413,8 +413,9 @@ class ForwardArgs:
 def check_call(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None,
                initial_states=None, seq_idx=None, cu_seqlens=None, dt_limit=(0.0, math.inf),
                check_values=None, state_dtype=None) -> ForwardArgs:
-    """Every check of ssd_forward's arguments that reads no value, in the order it documents:
-    check_values and dt_limit, the shapes and dtypes (dt, A, dt_bias, D, initial_states in
+    """The contract's checks of ssd_forward's arguments (kernels.call checks the options only
+    the routes read, returns, batch_parts, route, and where the arrays lie, first), reading no
+    value: check_values and dt_limit, the shapes and dtypes (dt, A, dt_bias, D, initial_states in
     float32 or x's 16-bit dtype: weight_dtypes), a packed row's offsets (cu_seqlens: one
     initial state per sequence), state_dtype (x's dtype known good), the grid's limits; a
     ValueError or TypeError naming the argument. Returns what a plan is built from."""

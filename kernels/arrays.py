@@ -100,13 +100,13 @@ class Backend:
                     offsets: int | None = None, cu_seqlens=None) -> dict:
         """A call's arrays by name as its launches take them (kernels.plan's one call into this
         module when it binds a call): `inputs` (the array arguments by name) with those named in
-        `copies` laid out C-contiguous (laid_out); seq_idx's segment ids as "seg", or, for a
-        packed row (`offsets`: its seqlen, the offsets' bound), `cu_seqlens` as int32 offsets;
-        and `outputs` allocated: (name, shape, like_x) each, in x's dtype where like_x, else
-        float32."""
+        `copies` copied C-contiguous (the plan found the kernels cannot read them in place);
+        seq_idx's segment ids as "seg", or, for a packed row (`offsets`: its seqlen, the
+        offsets' bound), `cu_seqlens` as int32 offsets; and `outputs` allocated: (name, shape,
+        like_x) each, in x's dtype where like_x, else float32."""
         arrays = dict(inputs)
         for name in copies:
-            arrays[name] = self.laid_out(arrays[name])
+            arrays[name] = self._contiguous(arrays[name])
         if offsets is None:
             arrays["seg"] = self.segment_ids(arrays["seq_idx"])
         else:

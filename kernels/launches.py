@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from contract import contiguous_strides, element_strides
+from contract import Dims, contiguous_strides, element_strides
 from kernels.arrays import needs_int64
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
@@ -156,12 +156,14 @@ FORWARD_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states
 FORWARD_OUTPUTS = ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
 
 
-def call_launches(dims, layouts: dict, outputs: dict, *, kind: str, sm_count: int,
+def call_launches(dims: Dims, layouts: dict, outputs: dict, *, kind: str, sm_count: int,
                   num_seqs: int | None, dt_softplus: bool, dt_limit: tuple[float, float],
                   tuned=None, route: str | None = None,
                   batch_parts: int | None = None) -> list[list[tuple]]:
     """A call's launches on stand-ins (Slot) of its arrays, [[(kernel, grid, args)] of each
-    batch slice]: kernels.plan's one call into this module. `layouts`: each array argument
+    batch slice]: kernels.plan's one call into this module. `dims`: the call's (contract.Dims);
+    `dt_softplus`, `dt_limit`: its checked options, as chunk_cumsum takes them; `layouts`: each
+    array argument
     given, (shape, dtype name, strides in elements, None where it is copied C-contiguous:
     contract.Layout), seq_idx read as its int32 segment ids; `outputs`: each output's (shape,
     dtype name); `kind`, `sm_count`: the backend's; `num_seqs`: a packed row's sequences
@@ -184,7 +186,7 @@ def call_launches(dims, layouts: dict, outputs: dict, *, kind: str, sm_count: in
     if batch_parts is None:
         given = [n for n in ("z", "initial_states", "seq_idx")
                  if ("seg" if n == "seq_idx" else n) in slots]
-        batch_layouts = {name: (slot.strides[0] // slot.itemsize, slot.itemsize)
+        batch_layouts = {name: (element_strides(slot)[0], slot.itemsize)
                          for name, slot in slots.items() if len(slot.shape) > 1 and name != "seg"}
         batch_parts = rules_batch_parts(dims, kind, slots["x"].itemsize, sm_count, given,
                                         slots["chunk_states"].itemsize, layouts=batch_layouts,

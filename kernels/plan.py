@@ -94,7 +94,9 @@ def build(call: Call) -> Plan:
     backend, args, options = validate(call)
     dims, shapes, num_seqs = args.dims, args.shapes, args.num_seqs
     dtype = args.layouts["x"].dtype
-    copies = tuple(name for name, layout in args.layouts.items() if layout.strides is None)
+    # seq_idx is read through its segment ids, made C-contiguous whatever its strides
+    copies = tuple(name for name, layout in args.layouts.items()
+                   if layout.strides is None and name != "seq_idx")
     if num_seqs is None:
         # y in x's dtype, the chunk states in the options' dtype, the rest float32
         outputs = tuple((name, shapes[name], name == "y" or (

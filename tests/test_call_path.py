@@ -17,7 +17,7 @@ from shapes import Case, make_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 CASE = Case("call_path", 2, 40, 4, 8, 2, 8, 16, D="head", z=True, dt="softplus",
-            initial_states=True, seq_idx=True)
+            initial_states=True, seq_idx="sorted")
 # the functions that check arguments (contract's checkers, the call's validation) or build a plan
 CHECKS = ("check_", "_check", "validate", "_flags", "_options", "options", "build")
 # the pipeline's stages, in kernels.ssd_forward.run's order: each stage's own functions, by
