@@ -41,6 +41,11 @@ ROUTES = ("scan", "chunks_in_order", "chunks_parallel")
 ROUTE_MODES = {"chunks_in_order": "in_order", "chunks_parallel": "parallel_chunks"}
 
 
+# ForwardArrays' inputs in its order (seq_idx as its segment ids) and outputs
+FORWARD_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seg")
+FORWARD_OUTPUTS = ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
+
+
 @dataclass(frozen=True)
 class ForwardArrays:
     """One forward's arrays (checked, laid out as the kernels take them, outputs allocated) and
@@ -69,6 +74,13 @@ class ForwardArrays:
     # every array but A, D and dt_bias is batch-first (the inputs may be strided views)
     BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "seg", "dt_out", "dA_cumsum",
                    "chunk_states", "final_states", "y")
+
+    @classmethod
+    def of(cls, arrays: dict, dt_softplus: bool, dt_limit: tuple[float, float]) -> ForwardArrays:
+        """The forward of a call's arrays by name (absent ones None; "errors": the error
+        word)."""
+        return cls(*(arrays.get(n) for n in FORWARD_INPUTS), dt_softplus, dt_limit,
+                   *(arrays.get(n) for n in FORWARD_OUTPUTS), errors=arrays.get("errors"))
 
     def batch_slice(self, lo: int, hi: int) -> ForwardArrays:
         """The forward of batch elements lo..hi-1: views of the batch-first arrays."""
@@ -151,10 +163,6 @@ class Slot:
                     (lo, hi))
 
 
-# ForwardArrays' inputs in its order (seq_idx as its segment ids) and outputs
-FORWARD_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seg")
-FORWARD_OUTPUTS = ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
-
 
 def call_launches(dims: Dims, layouts: dict, outputs: dict, *, kind: str, sm_count: int,
                   num_seqs: int | None, dt_softplus: bool, dt_limit: tuple[float, float],
@@ -163,12 +171,12 @@ def call_launches(dims: Dims, layouts: dict, outputs: dict, *, kind: str, sm_cou
     """A call's launches on stand-ins (Slot) of its arrays, [[(kernel, grid, args)] of each
     batch slice]: kernels.plan's one call into this module. `dims`: the call's (contract.Dims);
     `dt_softplus`, `dt_limit`: its checked options, as chunk_cumsum takes them; `layouts`: each
-    array argument
-    given, (shape, dtype name, strides in elements, None where it is copied C-contiguous:
-    contract.Layout), seq_idx read as its int32 segment ids; `outputs`: each output's (shape,
-    dtype name); `kind`, `sm_count`: the backend's; `num_seqs`: a packed row's sequences
-    (varlen_launches), else None: the batch as batch_parts slices (None: rules_batch_parts'
-    count), each sliced forward_launches on `route` with compute_out's `tuned` choices."""
+    array argument given, (shape, dtype name, strides in elements, None where it is copied
+    C-contiguous: contract.Layout), seq_idx read as its int32 segment ids; `outputs`: each
+    output's (shape, dtype name); `kind`, `sm_count`: the backend's; `num_seqs`: a packed
+    row's sequences (varlen_launches), else None: the batch as batch_parts slices (None:
+    rules_batch_parts' count), each sliced forward_launches on `route` with compute_out's
+    `tuned` choices."""
     slots = {}
     for name, (shape, dtype, strides) in layouts.items():
         if name != "seq_idx":
@@ -177,9 +185,8 @@ def call_launches(dims: Dims, layouts: dict, outputs: dict, *, kind: str, sm_cou
             slots["seg"] = Slot("seg", shape, "int32")
     for name, (shape, dtype) in outputs.items():
         slots[name] = Slot(name, shape, dtype)
-    arrays = ForwardArrays(*(slots.get(n) for n in FORWARD_INPUTS), dt_softplus, dt_limit,
-                           *(slots.get(n) for n in FORWARD_OUTPUTS),
-                           errors=Slot("errors", (1,), "int32"))
+    slots["errors"] = Slot("errors", (1,), "int32")
+    arrays = ForwardArrays.of(slots, dt_softplus, dt_limit)
     if num_seqs is not None:
         return [varlen_launches(arrays, Slot("cu_seqlens", (num_seqs + 1,), "int32"),
                                 slots["varlen_states"])]

@@ -11,8 +11,8 @@ from typing import Any
 from contract import check_seq_idx_of_offsets, check_vector_values, cu_seqlens_values
 from kernels import tuning_table
 from kernels.call import INPUTS, Call, Options, validate
-from kernels.launches import (FORWARD_INPUTS, FORWARD_OUTPUTS, ForwardArrays, ForwardPart, Slot,
-                              call_launches, forward_parts)
+from kernels.launches import (FORWARD_OUTPUTS, ForwardArrays, ForwardPart, Slot, call_launches,
+                              forward_parts)
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,7 @@ class Plan:
     def forward_parts(self, arrays: dict) -> list[ForwardPart]:
         """The batch slices of a call's arrays (Plan.arrays; the error word where set), for
         callers that launch them with other choices (the tuner, the benchmarks)."""
-        forward = ForwardArrays(*(arrays.get(n) for n in FORWARD_INPUTS),
-                                self.options.dt_softplus, self.options.dt_limit,
-                                *(arrays.get(n) for n in FORWARD_OUTPUTS),
-                                errors=arrays.get("errors"))
+        forward = ForwardArrays.of(arrays, self.options.dt_softplus, self.options.dt_limit)
         return forward_parts(forward, self.backend.sm_count, len(self.parts))
 
 

@@ -45,13 +45,12 @@ def _module(code) -> str | None:
     return ".".join(parts)
 
 
-def trace(call) -> tuple[Counter, list[tuple[str, str]], list[tuple[str, str, str]]]:
+def trace(call) -> tuple[Counter, list[tuple[str, str]], list[tuple[str, str, str]], Counter]:
     """(calls by (module, function), moves from one project module into another, bounces: moves
-    (caller, module, function) into a module already on the stack below the caller) of
-    call(). Each move is also kept by its caller's function: `trace.entries`, a Counter of
-    ((caller module, caller function), module entered)."""
-    calls, moves, bounces, stack = Counter(), [], [], []
-    trace.entries = entries = Counter()
+    (caller, module, function) into a module already on the stack below the caller, entries:
+    the moves by their caller's function, a Counter of ((caller module, caller function),
+    module entered)) of call()."""
+    calls, moves, bounces, entries, stack = Counter(), [], [], Counter(), []
 
     def profile(frame, event, arg):
         if event == "call":
@@ -73,7 +72,7 @@ def trace(call) -> tuple[Counter, list[tuple[str, str]], list[tuple[str, str, st
         call()
     finally:
         sys.setprofile(None)
-    return calls, moves, bounces
+    return calls, moves, bounces, entries
 
 
 @pytest.fixture
@@ -87,9 +86,9 @@ def fresh_plans(monkeypatch):
 def test_a_second_call_runs_no_check(fresh_plans):
     kw = make_inputs(CASE)
     call = lambda: ssd_forward(**kw, check_values=False, return_final_states=True)
-    first, first_moves, first_bounces = trace(call)
-    entered = stage_entries(trace.entries)
-    second, second_moves, _ = trace(call)
+    first, first_moves, first_bounces, first_entries = trace(call)
+    entered = stage_entries(first_entries)
+    second, second_moves, _, _ = trace(call)
     checks = lambda calls: {f"{m}.{f}": n for (m, f), n in calls.items()
                             if f.startswith(CHECKS)}
     assert first["kernels.call", "validate"] == 1 and first["kernels.plan", "build"] == 1
@@ -120,7 +119,7 @@ def test_host_value_checks_run_per_call_where_asked(fresh_plans):
     not part of a signature."""
     kw = make_inputs(CASE)
     for _ in range(2):
-        calls, _, _ = trace(lambda: ssd_forward(**kw, check_values=True))
+        calls, _, _, _ = trace(lambda: ssd_forward(**kw, check_values=True))
         assert calls["contract", "check_vector_values"] == 1
         assert calls["kernels.call", "validate"] <= 1
 
@@ -132,7 +131,7 @@ def main():
     interpreter.launch = lambda grid, kernel, args: None
     kw = make_inputs(CASE)
     for label in ("first", "second"):
-        calls, moves, bounces = trace(lambda: ssd_forward(**kw, check_values=False,
+        calls, moves, bounces, entries = trace(lambda: ssd_forward(**kw, check_values=False,
                                                           return_final_states=True))
         seen, back = set(), 0
         for _, module in moves:
@@ -142,7 +141,7 @@ def main():
               f"modules, {len(moves)} moves between modules, {back} back into one visited, "
               f"{len(bounces)} into one waiting below on the stack; entered by each stage: "
               + ", ".join(f"{stage} -> {module} x{n}"
-                          for (stage, module), n in stage_entries(trace.entries).items()))
+                          for (stage, module), n in stage_entries(entries).items()))
         for (m, f), n in sorted(calls.items()):
             print(f"  {m}.{f} x{n}")
 
