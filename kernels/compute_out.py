@@ -101,11 +101,10 @@ def _compute_out_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.In
     # (faster than y with x second: DECISIONS.md "compute_out: transposed accumulator"). The
     # heads' tiles are tuples unrolled at compile time, so every product stays two-dimensional.
     # x, B, C, z are float32, bfloat16 or float16 arrays. Products take TF32 operands for
-    # float32 and float16 inputs (float16 values are TF32 values), bfloat16 ones for bfloat16
-    # inputs (mma_product: the inputs as they are, the state and the decayed weights rounded to
-    # bfloat16), always with fp32 accumulators; C . B^T takes 16-bit operands as they are (their
-    # products exact in float32), at twice the TF32 rate. Every other use of a load widens it to
-    # float32 (exact).
+    # float32 inputs, 16-bit ones for 16-bit inputs (mma_product: the inputs as they are, the
+    # state and the decayed weights rounded to bfloat16, or to float16 scaled by powers of two
+    # into its range), always with fp32 accumulators; C . B^T of 16-bit inputs is exact in
+    # float32, at twice the TF32 rate. Every other use of a load widens it to float32 (exact).
     Ct = ct.load(C, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                  padding_mode=ct.PaddingMode.ZERO)
     CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [DSTATE, BLOCK_T], C's dtype

@@ -142,7 +142,7 @@ def _fwd_pass_state_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64,
                              padding_mode=ct.PaddingMode.ZERO)
                 w = ct.where(ct.reshape(sk, (BLOCK_K, 1)) == seg_last, w, 0.0)
             # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_P], fp32 accumulator: TF32 operands, or for
-            # bfloat16 inputs bfloat16 ones, B as it is and w o x rounded (mma_product)
+            # 16-bit inputs 16-bit ones, B as it is and w o x rounded (mma_product)
             acc = mma_product(mma_operand(ct.transpose(Bk), B.dtype), xk * w, acc, B.dtype)
         S = acc
     if PARALLEL_CHUNKS:  # the chunk's increment, where its entering state goes (_state_pass)

@@ -57,11 +57,6 @@ BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
 SCAN_MIN_WAVES = {"bfloat16": 0.4}
 SCAN_MIN_WAVES_OTHERS = 0.7
 SCAN_MAX_DSTATE = 128
-# C . B^T takes bfloat16 inputs as they are, and float16 ones from a dstate tile of
-# FLOAT16_CB_MIN_DSTATE: there float16 operands free the TF32 tiles' registers the loop
-# spilled, below it they only add barriers (the TF32 loop does not spill); DECISIONS.md
-# "float16 products"
-FLOAT16_CB_MIN_DSTATE = 128
 
 
 def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.IndexedWithInt64,
@@ -92,10 +87,10 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
     # y is accumulated transposed, y^T [BLOCK_P, BLOCK_T], so that x^T is a product's first
     # operand (DECISIONS.md "compute_out: transposed accumulator"). The heads' tiles are tuples
     # unrolled at compile time, so every product stays two-dimensional.
-    # Products take TF32 operands for float32 and float16 inputs, bfloat16 ones for bfloat16
-    # inputs (mma_product: inputs as they are, the state, the decayed weights and w o x rounded
-    # to bfloat16), fp32 accumulators always; C . B^T takes bfloat16 inputs as they are, and
-    # float16 ones from a dstate tile of FLOAT16_CB_MIN_DSTATE (products exact either way).
+    # Products take TF32 operands for float32 inputs, 16-bit ones for 16-bit inputs
+    # (mma_product: inputs as they are; the state, the decayed weights and w o x rounded to
+    # bfloat16, or to float16 scaled by powers of two into its range), fp32 accumulators
+    # always; C . B^T of 16-bit inputs is exact in fp32.
     states = ()
     a_befores = ()
     skips = ()  # each head's skip weights (NaN where not finite)
@@ -125,11 +120,7 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
                      padding_mode=ct.PaddingMode.ZERO)
         CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [n, t], C's dtype
         Bt, CtT = mma_operand(Bt_in, B.dtype), mma_operand(CtT_in, C.dtype)
-        if B.dtype == ct.bfloat16 or (B.dtype == ct.float16 and DSTATE >= FLOAT16_CB_MIN_DSTATE):
-            # 16-bit inputs as they are: their products are exact in fp32
-            cbT = ct.mma(Bt_in, CtT_in, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
-        else:
-            cbT = ct.mma(Bt, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
+        cbT = ct.mma(Bt, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
         keep = causal
         if HAS_SEQ_IDX:
             seg_t = ct.load(seg, (i_b, i_t), shape=(1, BLOCK_T), padding_mode=ct.PaddingMode.ZERO)

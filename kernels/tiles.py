@@ -17,16 +17,13 @@ MMA_MIN = 16
 
 def mma_operand(t, dtype):
     """A tile as a ct.mma operand, for kernels whose inputs have `dtype`: bfloat16 for bfloat16
-    inputs (their values as they are, computed values rounded to nearest), else TF32 (float32
-    and float16 inputs, rounded to nearest; float16 values are TF32 values). A tile that
-    already is a TF32 operand stays as it is.
-
-    float16 inputs do not take float16 operands: a computed value past float16's range (65504)
-    would round to inf where float32 holds it, and a guard that sends such a product to TF32
-    operands costs more than it saves (benchmarks/DECISIONS.md "float16 products")."""
+    inputs (their values as they are, computed values rounded to nearest), a float16 input's
+    tile as it is, else TF32 (float32 inputs, rounded to nearest). A tile that already is a
+    TF32 operand stays as it is. A value a float16 kernel computes is no operand of its own:
+    mma_product scales it into float16's range first."""
     if dtype == ct.bfloat16:
         return t.astype(dtype)
-    if t.dtype == ct.tfloat32:
+    if t.dtype == ct.float16 or t.dtype == ct.tfloat32:
         return t
     return t.astype(ct.float32).astype(ct.tfloat32)
 
@@ -34,8 +31,43 @@ def mma_operand(t, dtype):
 def mma_product(a, b, acc, dtype):
     """acc + a @ b on the fp32 accumulator acc, in a kernel whose inputs have `dtype`: each of a
     and b is an input's tile (as mma_operand made it) or a tile the kernel computed in float32,
-    rounded here, both as mma_operand says."""
-    return ct.mma(mma_operand(a, dtype), mma_operand(b, dtype), acc)
+    rounded here as mma_operand says; in a float16 kernel the computed one (at most one of the
+    two: a's rows or b's columns) is scaled into float16's range by powers of two
+    (float16_scaled), its product taken on a zero accumulator and scaled back (exact), then
+    added to acc."""
+    if dtype != ct.float16 or (a.dtype == ct.float16 and b.dtype == ct.float16):
+        return ct.mma(mma_operand(a, dtype), mma_operand(b, dtype), acc)
+    zero = ct.zeros(acc.shape, dtype=ct.float32)
+    if a.dtype == ct.float16:
+        b16, back = float16_scaled(b, 0)  # back: [1, N]
+        return acc + ct.mma(a, b16, zero) * back
+    a16, back = float16_scaled(a, 1)  # back: [M, 1]
+    return acc + ct.mma(a16, b, zero) * back
+
+
+# float16_scaled's target: each row's (column's) largest magnitude scaled into [2^13, 2^14), two
+# binades below float16's largest finite value (65504 < 2^16), so that rounding cannot reach inf
+FLOAT16_TOP_EXPONENT = 13
+# a largest magnitude below 2^(FLOAT16_MIN_BIASED - 127) is scaled as if it were that: the
+# factors 2^(140 - e) and 2^(e - 140) then stay normal float32 numbers
+FLOAT16_MIN_BIASED = 14
+
+
+def float16_scaled(t, axis):
+    """(t as a float16 operand, the factors that scale a product of it back): t, a float32 tile
+    [M, N], scaled by 2^(140 - e) per row (axis 1; factors [M, 1]) or column (axis 0; [1, N]),
+    e the biased float32 exponent of the row's (column's) largest magnitude: that magnitude
+    lands in [2^13, 2^14), so nothing rounds to inf, and every value rounds as TF32 rounds it
+    (a 10-bit mantissa) down to 2^-27 of it (float16's smallest normal, 2^-14, scaled back);
+    below, float16's subnormals keep an absolute error <= 2^-38 of the row's (column's)
+    largest magnitude (properties/bounds.py, "Scaled float16 operands"). Powers of two, built
+    from their exponent bits: the scaling and the scaling back are exact, their product is 1.
+    inf and NaN stay inf and NaN."""
+    top = ct.max(ct.abs(t), axis=axis, keepdims=True)
+    e = ct.maximum((ct.bitcast(top, ct.int32) >> 23) & 255, FLOAT16_MIN_BIASED)
+    up = ct.bitcast((254 + FLOAT16_TOP_EXPONENT - e) << 23, ct.float32)  # 2^(140 - e)
+    back = ct.bitcast((e - FLOAT16_TOP_EXPONENT) << 23, ct.float32)  # 2^(e - 140)
+    return (t * up).astype(ct.float16), back
 
 
 def head_D(D, i_h, i_p, BLOCK_P, D_PER_HEADDIM):

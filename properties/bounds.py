@@ -128,11 +128,11 @@ def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int,
 
 # 16-bit products (x, B, C, z in bfloat16 or float16): the derivation
 # -------------------------------------------------------------------
-# For bfloat16 inputs every product takes bfloat16 operands with an fp32 accumulator, for float16
-# inputs TF32 ones (kernels.tiles.mma_operand): the inputs as they are (x, B, C: no rounding;
-# float16 values are TF32 values), the values the kernels compute rounded once (u_n = 2^-8 to
-# bfloat16, 2^-11 to TF32 for float16 inputs; round to nearest, TF32 in float32's exponent
-# range): compute_out's decayed weights (C B^T o L) * dt and its state operand S,
+# Every product of 16-bit inputs takes 16-bit operands with an fp32 accumulator
+# (kernels.tiles.mma_product): the inputs as they are (x, B, C: no rounding), the values the
+# kernels compute rounded once (u_n = 2^-8 to bfloat16; for float16 inputs scaled by a power of
+# two into float16's range first, "Scaled float16 operands" below: 2^-11, as TF32 rounds them;
+# round to nearest): compute_out's decayed weights (C B^T o L) * dt and its state operand S,
 # fwd_pass_state's scaled w o x (ssd_scan and ssd_varlen: the same three). Per path:
 #   compute_out, intra-chunk path:  (C B^T o L * dt) rounded (C B^T itself exact in fp32)   1
 #   compute_out, carried path:      S rounded (C is exact)                                 1
@@ -148,6 +148,40 @@ def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int,
 NARROW_ROUNDINGS = {"fwd_pass_state": 1, "compute_out": 1, "forward": 2}
 # unit roundoff of a 16-bit value: bfloat16 keeps 7 explicit mantissa bits, float16 (and TF32) 10
 U_NARROW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+
+# Scaled float16 operands: the derivation
+# ---------------------------------------
+# A float16 kernel's computed operand (S, the decayed weights, w o x) is scaled per row or column
+# by 2^(140 - e), e the float32 exponent of that row's (column's) largest magnitude m, which then
+# lies in [2^13, 2^14): no value rounds past 65504 (kernels.tiles.float16_scaled). The factors
+# are powers of two: scaling and scaling the product back are exact. A value v at or above
+# float16's smallest normal (2^-14 scaled, >= 2^-27 m unscaled) rounds with |d| <= 2^-11 |v|,
+# as TF32 rounds it: the relative count above. Below it float16's subnormals (spacing 2^-24,
+# scaled) leave |d| <= 2^-25 2^(e - 140) <= 2^-38 m: an absolute error, which a product carries
+# to an output times the other operand's magnitude, summed over the product's length, whatever
+# the row's other values. With X, Bm, Cm, dt, Z the largest |x|, |B|, |C|, dt_out, |z| (the
+# gate multiplies an error by at most 1 + Z), S <= (the largest state magnitude) + chunk_size
+# dt X Bm (a state inside a chunk: its start and the chunk's increments, decays <= 1), W <=
+# dstate Bm Cm dt (a decayed weight), w o x <= dt X, per output:
+#   carried path:   dstate * 2^-38 S * Cm          (C S^T; S rows or columns scaled)
+#   intra path:     chunk_size * 2^-38 W * X       (x^T W; W scaled)
+#   state updates:  seqlen * 2^-38 dt X * Bm        (every token's w o x, into the state), and
+#                   into y through C: times (1 + dstate Cm)
+# float16_floor is their sum times (1 + Z), added to the bound of y and of the final states. At
+# the properties' sizes it is < 1e-5 of their bound; an operand left unscaled goes inf past 65504
+# and one rounded to 8 bits (2^-8) exceeds the relative count: both fail
+# (forward_fp16_bound; mutants float16_operand_unscaled, float16_operand_8_bit).
+FLOAT16_SUBNORMAL = 2.0 ** -38  # a scaled float16 operand's absolute error, in its row's m
+
+
+def float16_floor(seqlen: int, chunk_size: int, dstate: int, x: float, B: float, C: float,
+                  dt: float, states: float, z: float) -> float:
+    """Absolute allowance for scaled float16 operands' subnormals (see the derivation): the
+    arguments after the sizes are the largest magnitudes of x, B, C, dt_out, the states, z."""
+    S = states + chunk_size * dt * x * B
+    W = dstate * B * C * dt
+    paths = dstate * S * C + chunk_size * W * x + seqlen * dt * x * B * (1.0 + dstate * C)
+    return FLOAT16_SUBNORMAL * paths * (1.0 + z)
 
 # bfloat16 chunk states (state_dtype bfloat16 for bfloat16 inputs, on the three-kernel path):
 # the derivation

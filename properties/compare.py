@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import reference as R
-from properties.bounds import (DECAY_ETA, U_TF32, decay_term, ftz_floor, kappa,
+from properties.bounds import (DECAY_ETA, U_TF32, decay_term, float16_floor, ftz_floor, kappa,
                                tf32_bound)
 from properties.strategies import Problem
 
@@ -30,6 +30,15 @@ def floor_of(p: Problem, dt_out, *states) -> float:
                      max(max_abs(*states), default=0.0))
 
 
+def float16_floor_of(p: Problem, dt_out, *states) -> float:
+    """float16_floor of p (its scaled float16 operands' subnormals) at p's sizes and largest
+    magnitudes (states: the largest of the given state arrays or magnitudes)."""
+    d = p.dims
+    x, B, C, dt, z = max_abs(p.x, p.B, p.C, dt_out, p.z)
+    return float16_floor(d.seqlen, p.chunk_size, d.dstate, x, B, C, dt,
+                         max(max_abs(*states), default=0.0), z)
+
+
 @dataclass
 class ForwardBounds:
     """Per-element bounds on |y - y_ref| and |final_states - ref|: kappa u M + extra, where extra
@@ -41,7 +50,7 @@ class ForwardBounds:
     kappa_final: float
     extra_y: np.ndarray
     extra_final: np.ndarray
-    floor: float  # the flush-to-zero allowance inside both extras
+    floor: float  # the flush-to-zero (and scaled float16 operands') allowance inside both extras
 
     @property
     def y(self) -> np.ndarray:
@@ -94,6 +103,8 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     final_M_w = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA_w, p.initial_states,
                                            p.seq_idx)[1]
     floor = floor_of(p, dt_out, states_M, final_M)
+    if operands == "float16":
+        floor += float16_floor_of(p, dt_out, states_M, final_M)
     k_y = kappa("forward", d.seqlen, cs, d.dstate, operands, stored_states) + extra_kappa
     k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate, operands, stored_states) + extra_kappa
     return ForwardBounds(M=M, final_M=final_M, kappa_y=k_y, kappa_final=k_s,

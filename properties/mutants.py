@@ -70,12 +70,6 @@ CATALOGUE = [
            "ct.float32), acc,",
            "the scan: the decayed weights keep 3 mantissa bits, an 8-bit float's, before their "
            "product"),
-    Mutant("scan_float16_c_b_on_tf32", "kernels/ssd_scan.py",
-           "if B.dtype == ct.bfloat16 or (B.dtype == ct.float16 and DSTATE >= "
-           "FLOAT16_CB_MIN_DSTATE):",
-           "if B.dtype == ct.bfloat16:",
-           "the scan: float16's C . B^T on TF32 operands at every dstate (exact, but the loop "
-           "spills and runs slower)"),
     Mutant("scan_reset_missing", "kernels/ssd_scan.py",
            "carry = ct.where(seg_last == seg_before, carry, 0.0)", "carry = carry",
            "the scan: the state crosses a seq_idx boundary between token blocks"),
@@ -240,10 +234,17 @@ CATALOGUE = [
            ".astype(ct.float32)",
            "the state's accumulator is rounded to bfloat16 after every product (a 16-bit "
            "accumulator)"),
-    Mutant("float16_products_in_float16", "kernels/tiles.py",
-           "    if dtype == ct.bfloat16:\n        return t.astype(dtype)",
-           "    if dtype == ct.bfloat16 or dtype == ct.float16:\n        return t.astype(dtype)",
-           "float16 inputs take float16 operands: a computed operand past 65504 rounds to inf"),
+    # float16 inputs: the computed operands scaled into float16's range (kernels.tiles)
+    Mutant("float16_operand_unscaled", "kernels/tiles.py",
+           "    return (t * up).astype(ct.float16), back\n",
+           "    return t.astype(ct.float16), back / back\n",
+           "a float16 kernel's computed operand is rounded to float16 unscaled: past 65504 it "
+           "is inf"),
+    Mutant("float16_operand_8_bit", "kernels/tiles.py",
+           "    return (t * up).astype(ct.float16), back\n",
+           "    return ct.bitcast(ct.bitcast(t * up, ct.int32) & -1048576, ct.float32).astype("
+           "ct.float16), back\n",
+           "a float16 kernel's scaled operand keeps 3 mantissa bits, an 8-bit float's"),
     Mutant("chunk_state_stored_in_8_bits", "kernels/fwd_pass_state.py",
            "ct.reshape(ct.transpose(S), (1, 1, 1, BLOCK_P, BLOCK_N)).astype(\n"
            "                         chunk_states.dtype))",

@@ -10,11 +10,10 @@ import pytest
 
 import cuda.tile as ct
 
-from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward, ssd_scan
+from kernels import chunk_cumsum, compute_out, fwd_pass_state, ssd_forward
 from kernels.arrays import launch_dims
 from kernels.compute_out import LAYOUTS, compute_out_choices, rules_choice
 from kernels.interpreter import record_mma_operands
-from kernels.ssd_scan import FLOAT16_CB_MIN_DSTATE
 from shapes import CASES, Case, make_inputs
 
 TENSOR_CORE_OPERANDS = (ct.tfloat32, ct.bfloat16, ct.float16)
@@ -59,14 +58,13 @@ def test_every_product_has_tensor_core_operands(case, layout):
 
 
 @pytest.mark.properties
-@pytest.mark.parametrize("dtype, operand", [("bfloat16", "bfloat16"), ("float16", "tfloat32")])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", [c.param() for c in CASES
                                   if c.id in ("all_options_chunk16", "chunk256_ragged")])
-def test_16_bit_inputs_take_the_products_of_their_dtype(case, dtype, operand):
+def test_16_bit_inputs_take_the_products_of_their_dtype(case, dtype):
     """x, B, C, z in `dtype`: every product of the forward, of fwd_pass_state and compute_out,
-    and of a packed row takes `operand` operands (kernels.tiles.mma_operand): bfloat16 ones for
-    bfloat16 (TF32 runs at half their rate), TF32 ones for float16 (a float16 operand may
-    overflow where float32 does not)."""
+    and of a packed row takes operands of that dtype (kernels.tiles.mma_product; TF32 runs at
+    half their rate): bfloat16 ones rounded, float16 ones scaled into its range first."""
     import ml_dtypes
     import numpy as np
     narrow = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float16)
@@ -79,27 +77,37 @@ def test_16_bit_inputs_take_the_products_of_their_dtype(case, dtype, operand):
         row = {k: v[:1] if k in ("x", "dt", "B", "C", "z") else v for k, v in kw.items()
                if k not in ("initial_states", "seq_idx")}
         ssd_forward(**row, cu_seqlens=np.array([0, 1, kw["x"].shape[1]], np.int32))
-    want = getattr(ct, operand)
-    assert (want, want) in products, f"no product on {operand} operands: {sorted(products)}"
-    # C . B^T takes the 16-bit inputs as they are (their products exact in float32)
-    other = sorted({f"{x} x {y}" for x, y in products
-                    if (x, y) not in ((want, want), (getattr(ct, dtype),) * 2)})
-    assert not other, f"{len(other)} kind(s) of product without {operand} operands: {other}"
+    want = getattr(ct, dtype)
+    other = sorted({f"{x} x {y}" for x, y in products if (x, y) != (want, want)})
+    assert products and not other, (f"{len(other)} kind(s) of product without {dtype} "
+                                     f"operands: {other}")
 
 
 @pytest.mark.properties
-@pytest.mark.parametrize("dstate, float16_operands", [
-    pytest.param(FLOAT16_CB_MIN_DSTATE, True, id="dstate_tile_at_the_rule"),
-    pytest.param(FLOAT16_CB_MIN_DSTATE // 2, False, id="dstate_tile_below_the_rule")])
-def test_float16_scan_c_b_operands_follow_the_dstate_rule(dstate, float16_operands):
-    """float16 inputs: the scan's C . B^T takes float16 operands from a dstate tile of
-    FLOAT16_CB_MIN_DSTATE (there TF32 ones spill and slow the scan down), TF32 ones below
-    (benchmarks/DECISIONS.md "float16 products"). No bound can tell them apart: the products are
-    exact either way."""
+@pytest.mark.parametrize("route", ["scan", "chunks_in_order", "chunks_parallel", "packed"])
+def test_float16_operands_round_as_tf32(route):
+    """float16 inputs in float16's normal range: every operand the kernels compute is scaled by
+    a power of two (kernels.tiles.float16_scaled) and rounds as TF32 rounds it, so y and the
+    states are bit-identical to those of the same values in float32 (TF32 operands), here,
+    where the interpreter accumulates both alike, including operands past 65504 (x scaled up:
+    the decayed weights and states pass float16's range, y stays inside it)."""
     import numpy as np
-    kw = make_inputs(Case("scan_float16", 1, 70, 2, 16, 1, dstate, 64))
-    x, B, C = (kw[k].astype(np.float16) for k in ("x", "B", "C"))
-    dt_out, dA_cumsum = chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"])
+    kw = make_inputs(Case("float16_scaled", 1, 150, 2, 16, 1, 16, 64, D="head", z=True))
+    kw["x"] = (kw["x"] * 2.0 ** 6).astype(np.float16).astype(np.float32)
+    kw["B"] = (kw["B"] * 2.0 ** 6).astype(np.float16).astype(np.float32)
+    kw["C"] = (kw["C"] * 2.0 ** -7).astype(np.float16).astype(np.float32)
+    kw["z"] = kw["z"].astype(np.float16).astype(np.float32)
+    kw["dt"] = kw["dt"] * 40.0  # large steps: the weights and the state grow past 65504
+    if route == "packed":
+        options = dict(cu_seqlens=np.array([0, 70, 150], np.int32), return_varlen_states=True)
+    else:
+        options = dict(route=route, return_final_states=True)
+    wide_y, wide_states = ssd_forward(**kw, **options)
+    narrow = {k: v.astype(np.float16) if k in ("x", "B", "C", "z") else v for k, v in kw.items()}
     with record_mma_operands() as products:
-        ssd_scan(x, B, C, dt_out, dA_cumsum)
-    assert ((ct.float16, ct.float16) in products) == float16_operands, sorted(set(products))
+        y, states = ssd_forward(**narrow, **options)
+    assert set(products) == {(ct.float16, ct.float16)}, sorted(set(products))
+    assert np.abs(wide_states).max() > 65504, "the states stay inside float16's range"
+    assert np.isfinite(y).all() and np.isfinite(states).all()
+    np.testing.assert_array_equal(states, wide_states)
+    np.testing.assert_array_equal(y, wide_y.astype(np.float16))
