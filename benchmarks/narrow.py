@@ -1,17 +1,17 @@
 """16-bit inputs on the GPU, in one process: the chunk states' dtype, and float16's products.
 
     python -m benchmarks.narrow states [--reps 15]
-    python -m benchmarks.narrow products [--products guarded|tf32|unguarded] [--reps 15]
+    python -m benchmarks.narrow products [--products shipped|tf32|unscaled] [--reps 15]
 
 `states`: ssd_forward on bfloat16 inputs with state_dtype float32 and bfloat16, alternating, three
 rounds each, on benchmarks.configs.THREE_KERNEL_ROWS (shapes whose forward runs the three
 kernels), and how far y and final_states move between the two.
 `products`: ssd_forward on float16 inputs over the anchor rows and two three-kernel shapes.
-`--products` chooses how float16 inputs multiply: `tf32` (the product's: every operand TF32),
-`guarded` (float16 operands, TF32 ones for a product whose computed operand passes 65504) or
-`unguarded` (float16 operands always; wrong past 65504, timed as the floor of the guard's
-cost). A kernel compiles once per process, so a process times one variant: run it once per
-variant, in turn, twice.
+`--products` chooses how float16 inputs multiply: `shipped` (as the kernels do: float16
+operands, the scan's guarded by its redo, the other kernels' scaled), `tf32` (every operand TF32)
+or `unscaled` (the other kernels' float16 operands unscaled: wrong past 65504, timed as the floor
+of the scaling's cost). A kernel compiles once per process, so a process times one variant: run
+it once per variant, in turn, twice.
 Timing: benchmarks.peers.gpu_ms (L2 flushed, median of --reps rounds, ms).
 """
 
@@ -55,40 +55,18 @@ def states(reps: int):
               + f" ms; max |dy| / max |y| {dy:.2e}, final_states {ds:.2e}", flush=True)
 
 
-# float16 inputs on float16 operands (the variants the product does not take): mma_operand with
-# float16 rounded to float16, and the product unguarded or guarded (TF32 operands for a product
-# whose computed operand passes 65504)
-FLOAT16_MAX = 65504.0
+# the variants the kernels do not take: every operand TF32 (float16 inputs widened, exact), or
+# the scaling kernels' products (mma_product) on unscaled float16 operands
+def _tf32_operand(t, dtype):
+    return mma_operand(t, ct.float32 if dtype == ct.float16 else dtype)
 
 
-def _float16_operand(t, dtype):
-    if dtype == ct.float16:
-        return t.astype(dtype)
-    return mma_operand(t, dtype)
+def _tf32_product(a, b, acc, dtype):
+    return ct.mma(_tf32_operand(a, dtype), _tf32_operand(b, dtype), acc)
 
 
-def _unguarded_product(a, b, acc, dtype):
-    return ct.mma(_float16_operand(a, dtype), _float16_operand(b, dtype), acc)
-
-
-def _guarded_product(a, b, acc, dtype):
-    if dtype == ct.float16:
-        if _largest_computed(a, b) < FLOAT16_MAX:
-            acc = ct.mma(a.astype(ct.float16), b.astype(ct.float16), acc)
-        else:
-            acc = ct.mma(a.astype(ct.float32).astype(ct.tfloat32),
-                         b.astype(ct.float32).astype(ct.tfloat32), acc)
-        return acc
-    return _unguarded_product(a, b, acc, dtype)
-
-
-def _largest_computed(a, b):
-    """The largest magnitude among a float16 product's float32 (computed) operands."""
-    if a.dtype == ct.float16:
-        return ct.max(ct.abs(b))
-    if b.dtype == ct.float16:
-        return ct.max(ct.abs(a))
-    return ct.maximum(ct.max(ct.abs(a)), ct.max(ct.abs(b)))
+def _unscaled_product(a, b, acc, dtype):
+    return ct.mma(mma_operand(a, dtype), mma_operand(b, dtype), acc)
 
 
 def _products(variant: str):
@@ -97,8 +75,8 @@ def _products(variant: str):
     import sys
 
     import kernels  # noqa: F401  (imports every kernel module)
-    helpers = {"guarded": (_float16_operand, _guarded_product),
-               "unguarded": (_float16_operand, _unguarded_product)}.get(variant)
+    helpers = {"tf32": (_tf32_operand, _tf32_product),
+               "unscaled": (mma_operand, _unscaled_product)}.get(variant)
     if helpers is None:
         return
     for name in ("arrays", "compute_out", "fwd_pass_state", "ssd_scan", "ssd_varlen"):
@@ -127,7 +105,7 @@ def products(variant: str, reps: int):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("states", "products"))
-    parser.add_argument("--products", default="tf32", choices=("tf32", "guarded", "unguarded"))
+    parser.add_argument("--products", default="shipped", choices=("shipped", "tf32", "unscaled"))
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args(argv)
     if args.what == "states":

@@ -200,9 +200,9 @@ def launches_of(kernel: str, mod, a: dict, sm_count, choice) -> list:
                                                 None, a["chunk_states"], a["final_states"],
                                                 sm_count, choice=choice))
     if kernel == "ssd_scan":
-        return [mod.ssd_scan_launch(a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], None,
-                                    a["D"], None, None, a["y"], a["final_states"], sm_count, choice,
-                                    errors=a["errors"], check_D=False)]
+        return mod.ssd_scan_launches(a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], None,
+                                     a["D"], None, None, a["y"], a["final_states"], sm_count,
+                                     choice, errors=a["errors"], check_D=False)
     return [mod.compute_out_launch(*compute_out_arrays(a), sm_count, choice=choice,
                                    errors=a["errors"], check_D=False)]
 

@@ -10,3 +10,9 @@ ERROR_DT_BIAS = 2
 ERROR_D = 4
 # ssd_varlen: offsets that do not start at 0, decrease, or end short of or past seqlen
 ERROR_CU_SEQLENS = 8
+# the bits the host raises as errors
+ERRORS = ERROR_A | ERROR_DT_BIAS | ERROR_D | ERROR_CU_SEQLENS
+# no error: ssd_scan's float16 launch found a product leaving float16's range (a computed
+# operand past 65504 rounds to inf); its second launch, which reads the bit, recomputes the
+# call's outputs with TF32 operands
+FLOAT16_RANGE = 16

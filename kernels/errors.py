@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract import check_flag
-from kernels.constants import ERROR_A, ERROR_CU_SEQLENS, ERROR_D, ERROR_DT_BIAS
+from kernels.constants import ERROR_A, ERROR_CU_SEQLENS, ERROR_D, ERROR_DT_BIAS, ERRORS
 
 SLOTS = 1024
 # int32 words from one slot to the next: each word starts 16-byte aligned, as every array
@@ -99,14 +99,16 @@ class _Ring:
                                 4, runtime.memcpyDeviceToHost, stream)
 
     def pending(self) -> list[tuple[str, int]]:
-        """(call, bits) of every word whose host copy shows an error, each cleared."""
+        """(call, bits) of every word whose host copy shows an error (ERRORS; the other bits
+        are the kernels' notes, FLOAT16_RANGE), each word cleared."""
         if not np.count_nonzero(self.host):
             return []
         found = []
         for slot in np.flatnonzero(self.host):
-            call = self.calls[slot]
-            found.append((f"{call[0]} (call #{call[1]})" if call else "an earlier call",
-                          int(self.host[slot])))
+            call, bits = self.calls[slot], int(self.host[slot]) & ERRORS
+            if bits:
+                found.append((f"{call[0]} (call #{call[1]})" if call else "an earlier call",
+                              bits))
             self.host[slot] = 0
         return found
 

@@ -17,7 +17,7 @@ from kernels.arrays import needs_int64
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
-from kernels.ssd_scan import SCAN_MAX_DSTATE, scan_fits, scan_runs, ssd_scan_launch
+from kernels.ssd_scan import SCAN_MAX_DSTATE, scan_fits, scan_runs, ssd_scan_launches
 from kernels.ssd_varlen import ssd_varlen_launches
 
 # On the GPU an even batch that runs the three kernels (not the scan) runs as BATCH_PARTS slices
@@ -252,8 +252,8 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None, *,
             raise ValueError(f"route: the scan holds a dstate tile of at most {SCAN_MAX_DSTATE} "
                              f"and indexes in int32, got dstate {int(a.B.shape[3])} "
                              f"({'int64' if needs_int64(*scan_arrays) else 'int32'} indices)")
-        return [cumsum, ssd_scan_launch(*scan_arrays, sm_count, errors=a.errors,
-                                        check_D=False)]
+        return [cumsum, *ssd_scan_launches(*scan_arrays, sm_count, errors=a.errors,
+                                           check_D=False)]
     return [
         cumsum,
         *fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,

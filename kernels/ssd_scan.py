@@ -11,6 +11,7 @@ under the titles named below.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import cuda.tile as ct
@@ -18,7 +19,8 @@ import cuda.tile as ct
 from contract import ACTIVATION_DTYPES, check_ssd_scan_args, dtype_name, weight_dtypes
 from kernels.arrays import LaunchDims, int32_indexed, launch_dims, needs_int64, pow2_tile
 from kernels.launcher import run_alone
-from kernels.tiles import MMA_MIN, checked_D, mma_operand, mma_product, report_D, z_gated
+from kernels.constants import FLOAT16_RANGE
+from kernels.tiles import MMA_MIN, checked_D, mma_operand, or_error, report_D, z_gated
 
 HEADS = (1, 2)  # heads of one group per program: C B^T, which they share, is formed once
 OCCUPANCIES = (2, 1)  # programs per SM (the compiler's occupancy hint)
@@ -43,18 +45,17 @@ CHOICES = tuple(Choice(h, o, p, w) for h in HEADS for o in OCCUPANCIES for p in 
 # The rules' pick (rules_choice): one head and Mamba-2's whole headdim per program; two programs
 # per SM (RULES_CHOICE), but where the grid has at most one program per SM, for the dtypes of
 # FEW_PROGRAMS_CHOICE, one program per SM of eight worker warps, whose token-block step is
-# shorter (measured for bfloat16 only; float32's state tile spills with eight); DECISIONS.md
+# shorter (measured for 16-bit inputs; float32's state tile spills with eight); DECISIONS.md
 # "ssd_scan: program"
 RULES_CHOICE = Choice(1, 2, 64, None)
-FEW_PROGRAMS_CHOICE = {"bfloat16": Choice(1, 1, 64, 8)}
+FEW_PROGRAMS_CHOICE = {"bfloat16": Choice(1, 1, 64, 8), "float16": Choice(1, 1, 64, 8)}
 BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
 # the scan runs (ssd_forward) where its grid has SCAN_MIN_WAVES programs per SM or more (each
 # runs through the whole sequence: a smaller grid leaves SMs idle, where fwd_pass_state takes
-# the chunks in parallel), by the inputs' dtype (bfloat16 products: 0.4 of a wave pays; the
-# rest as float32, measured there: 0.7), and the state tile, [BLOCK_P, DSTATE tile], has a
-# dstate tile of at most SCAN_MAX_DSTATE (measured there only); DECISIONS.md "ssd_forward: one
-# pass or two kernels"
-SCAN_MIN_WAVES = {"bfloat16": 0.4}
+# the chunks in parallel), by the inputs' dtype (16-bit products: 0.4 of a wave pays; float32:
+# 0.7), and the state tile, [BLOCK_P, DSTATE tile], has a dstate tile of at most
+# SCAN_MAX_DSTATE (measured there only); DECISIONS.md "ssd_forward: one pass or two kernels"
+SCAN_MIN_WAVES = {"bfloat16": 0.4, "float16": 0.4}
 SCAN_MIN_WAVES_OTHERS = 0.7
 SCAN_MAX_DSTATE = 128
 
@@ -69,9 +70,13 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
                      HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
                      D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool],
                      CHECK_D: ct.Constant[bool], HAS_INITIAL_STATES: ct.Constant[bool],
-                     HAS_SEQ_IDX: ct.Constant[bool]):
+                     HAS_SEQ_IDX: ct.Constant[bool], GUARD: ct.Constant[bool],
+                     REDO: ct.Constant[bool]):
     """One program: y and the final state of BLOCK_P headdim columns of HEADS heads of one group
-    and batch, token block by token block; grid (headdim blocks, nheads / HEADS, batch)."""
+    and batch, token block by token block; grid (headdim blocks, nheads / HEADS, batch).
+    GUARD (float16 inputs): FLOAT16_RANGE into the error word where a product's result is not
+    finite. REDO: the float16 launch's second, with TF32 operands, which runs where the first
+    set FLOAT16_RANGE and else stores nothing."""
     i_p = ct.bid(0)
     i_hb = ct.bid(1)  # head block: heads i_hb * HEADS ... i_hb * HEADS + HEADS - 1, one group
     i_b = ct.bid(2)
@@ -88,9 +93,24 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
     # operand (DECISIONS.md "compute_out: transposed accumulator"). The heads' tiles are tuples
     # unrolled at compile time, so every product stays two-dimensional.
     # Products take TF32 operands for float32 inputs, 16-bit ones for 16-bit inputs
-    # (mma_product: inputs as they are; the state, the decayed weights and w o x rounded to
-    # bfloat16, or to float16 scaled by powers of two into its range), fp32 accumulators
-    # always; C . B^T of 16-bit inputs is exact in fp32.
+    # (mma_operand: inputs as they are; the state, the decayed weights and w o x rounded to
+    # 16 bits), fp32 accumulators always; C . B^T of 16-bit inputs is exact in fp32. A float16
+    # operand the kernel computes rounds to inf past 65504, where float32 is finite: GUARD
+    # marks each product's non-finite results in `poison` (a select per element, no
+    # reduction in the loop) and the final state; one non-finite sets FLOAT16_RANGE, and the
+    # REDO launch recomputes everything with TF32 operands, float32's own results.
+    products = x.dtype  # the products' operand format
+    if REDO:
+        products = ct.float32
+    blocks = ct.cdiv(seqlen, BLOCK_T)
+    stores = 1  # the final states' stores: none where a REDO launch has nothing to redo
+    if REDO:
+        redo = (ct.gather(errors, 0) & FLOAT16_RANGE) != 0
+        blocks = ct.where(redo, blocks, 0)
+        stores = ct.where(redo, 1, 0)
+    poison = ct.zeros((1, 1), dtype=ct.int32)
+    if GUARD:
+        poison = ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.int32)  # FLOAT16_RANGE where not finite
     states = ()
     a_befores = ()
     skips = ()  # each head's skip weights (NaN where not finite)
@@ -111,7 +131,7 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
     causal = rows <= cols  # causal: s <= t
 
-    for i_t in range(ct.cdiv(seqlen, BLOCK_T)):
+    for i_t in range(blocks):
         i_c = i_t // T_PER_CHUNK
         i_tc = i_t % T_PER_CHUNK  # the block's position in its chunk
         Bt_in = ct.reshape(ct.load(B, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
@@ -119,7 +139,7 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
         Ct = ct.load(C, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
                      padding_mode=ct.PaddingMode.ZERO)
         CtT_in = ct.transpose(ct.reshape(Ct, (BLOCK_T, DSTATE)))  # [n, t], C's dtype
-        Bt, CtT = mma_operand(Bt_in, B.dtype), mma_operand(CtT_in, C.dtype)
+        Bt, CtT = mma_operand(Bt_in, products), mma_operand(CtT_in, products)
         cbT = ct.mma(Bt, CtT, ct.zeros((BLOCK_T, BLOCK_T), dtype=ct.float32))  # [s, t]
         keep = causal
         if HAS_SEQ_IDX:
@@ -142,8 +162,8 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
             xs = ct.reshape(xs, (BLOCK_T, BLOCK_P))  # [s, P], x's dtype
             # the state's term, [BLOCK_P, BLOCK_T]: 2^(a_t - a_before) S . C_t^T; clamp:
             # rounding must not make the decay > 1
-            acc = mma_product(states[i_k], CtT, ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32),
-                              x.dtype)
+            acc = ct.mma(mma_operand(states[i_k], products), CtT,
+                         ct.zeros((BLOCK_P, BLOCK_T), dtype=ct.float32))
             decay_in = ct.exp2(ct.minimum(a_t - a_befores[i_k], 0.0))  # [1, t]
             if HAS_SEQ_IDX:
                 decay_in = ct.where(seg_t == seg_before, decay_in, 0.0)
@@ -152,8 +172,10 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
             # 2^(a_t - a_s): a select on a clamped exponent, so 2^(positive) is never formed
             # above the diagonal and no inf * 0 can appear
             LT = ct.where(keep, ct.exp2(ct.minimum(a_t - a_s, 0.0)), 0.0)  # [s, t]
-            acc = mma_product(mma_operand(ct.transpose(xs), x.dtype), cbT * LT * dt_s, acc,
-                              x.dtype)
+            acc = ct.mma(mma_operand(ct.transpose(xs), products),
+                         mma_operand(cbT * LT * dt_s, products), acc)
+            if GUARD:
+                poison = ct.where(ct.abs(acc) < math.inf, poison, FLOAT16_RANGE)
             if HAS_D:  # the block's x is x_t: the skip term reads no more
                 acc = acc + skips[i_k] * ct.transpose(xs.astype(ct.float32))
             if HAS_Z:
@@ -173,7 +195,7 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
                 carry = ct.where(seg_last == seg_before, carry, 0.0)
                 w = ct.where(ct.reshape(seg_t, (BLOCK_T, 1)) == seg_last, w, 0.0)
             xw = ct.transpose(xs.astype(ct.float32) * w)  # [P, s]
-            new_states += (mma_product(xw, Bt, states[i_k] * carry, x.dtype),)
+            new_states += (ct.mma(mma_operand(xw, products), Bt, states[i_k] * carry),)
             # the next block starts a chunk: dA_cumsum restarts from 0 there
             new_a_befores += (ct.where(i_tc == T_PER_CHUNK - 1, 0.0, a_last),)
         states = new_states
@@ -181,11 +203,19 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
         if HAS_SEQ_IDX:
             seg_before = seg_last
 
-    for i_k in ct.static_iter(range(HEADS)):
-        ct.store(final_states, (i_b, i_hb * HEADS + i_k, i_p, 0),
-                 ct.reshape(states[i_k], (1, 1, BLOCK_P, DSTATE)))
-        if HAS_D:
-            report_D(errors, skips[i_k], CHECK_D)
+    for _ in range(stores):
+        if GUARD:
+            flags = ct.max(poison)
+        for i_k in ct.static_iter(range(HEADS)):
+            ct.store(final_states, (i_b, i_hb * HEADS + i_k, i_p, 0),
+                     ct.reshape(states[i_k], (1, 1, BLOCK_P, DSTATE)))
+            if HAS_D:
+                report_D(errors, skips[i_k], CHECK_D)
+            if GUARD:
+                flags = ct.maximum(flags, ct.max(ct.where(ct.abs(states[i_k]) < math.inf, 0,
+                                                          FLOAT16_RANGE)))
+        if GUARD:
+            or_error(errors, flags)
 
 
 def _hints(occupancy: int, warps: int | None) -> dict:
@@ -258,12 +288,14 @@ def ssd_scan_choices(x, B) -> list[Choice]:
     return found
 
 
-def ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, final_states,
-                    sm_count, choice: Choice | None = None, *, errors=None,
-                    check_D: bool = True):
-    """(kernel, grid, kernel args) of ssd_scan: the one place its tiles and kernel object are
+def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, final_states,
+                      sm_count, choice: Choice | None = None, *, errors=None,
+                      check_D: bool = True) -> list[tuple]:
+    """[(kernel, grid, kernel args)] of ssd_scan: the one place its tiles and kernel objects are
     chosen; `choice` where given (one of ssd_scan_choices, else a ValueError), else the rules'
-    for a GPU of `sm_count` SMs.
+    for a GPU of `sm_count` SMs. float16 inputs launch twice: the guarded products, then the
+    redo with TF32 operands, which stores only where the first found a result out of float16's
+    range (kernels.constants.FLOAT16_RANGE in the error word).
 
     Reads only shapes and dtypes, so the compile gate derives its signatures from here too. `seg`
     is the (batch, seqlen) int32 segment ids, or None. `errors`: the call's error word
@@ -279,15 +311,22 @@ def ssd_scan_launch(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, fi
                          f"ssd_scan can run on this shape ({ssd_scan_choices.__name__})")
     block_t, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]),
                                            choice.block_p)
+    guarded = dtype_name(x) == "float16"
     args = (x, B, C, dt_out, dA_cumsum, x if initial_states is None else initial_states,
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
             final_states, errors, int(dt_out.shape[3]), block_t, block_p, dstate_tile,
             choice.heads, D is not None, D is not None and len(D.shape) == 2, z is not None,
-            D is not None and check_D, initial_states is not None, seg is not None)
+            D is not None and check_D, initial_states is not None, seg is not None, guarded,
+            False)
     if needs_int64(*args):
         raise ValueError("ssd_scan: an array of 2^31 elements or more (int32 indices only)")
     grid = (-(-headdim // block_p), nheads // choice.heads, batch)
-    return _KERNELS[choice.occupancy, choice.warps], grid, args
+    kernel = _KERNELS[choice.occupancy, choice.warps]
+    if not guarded:
+        return [(kernel, grid, args)]
+    # the redo: no D check (the first launch made it), no guard
+    redo = (*args[:20], False, *args[21:23], False, True)
+    return [(kernel, grid, args), (kernel, grid, redo)]
 
 
 def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, seq_idx=None, *,
@@ -307,9 +346,9 @@ def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, se
                                 activation_dtypes=ACTIVATION_DTYPES, check_values=False),
         outputs=lambda dims: {"y": (dims.shape("y"), "x"),
                               "final_states": (dims.shape("final_states"), None)},
-        launches=lambda a, backend, errors: [ssd_scan_launch(
+        launches=lambda a, backend, errors: ssd_scan_launches(
             a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], a["initial_states"], a["D"],
             a["z"], a["seg"], a["y"], a["final_states"], backend.sm_count, choice,
-            errors=errors)],
+            errors=errors),
         check_values=check_values, values=("D",))
     return a["y"], a["final_states"]

@@ -16,14 +16,14 @@ MMA_MIN = 16
 
 
 def mma_operand(t, dtype):
-    """A tile as a ct.mma operand, for kernels whose inputs have `dtype`: bfloat16 for bfloat16
-    inputs (their values as they are, computed values rounded to nearest), a float16 input's
-    tile as it is, else TF32 (float32 inputs, rounded to nearest). A tile that already is a
-    TF32 operand stays as it is. A value a float16 kernel computes is no operand of its own:
-    mma_product scales it into float16's range first."""
-    if dtype == ct.bfloat16:
+    """A tile as a ct.mma operand, for kernels whose inputs have `dtype`: bfloat16 or float16 for
+    16-bit inputs (their values as they are, computed values rounded to nearest: a float16 one
+    past 65504 is inf, which ssd_scan's guard catches; the other kernels' mma_product scales it
+    into range first), else TF32 (float32 inputs, and any tile where `dtype` is float32; rounded
+    to nearest). A tile that already is a TF32 operand stays as it is."""
+    if dtype == ct.bfloat16 or dtype == ct.float16:
         return t.astype(dtype)
-    if t.dtype == ct.float16 or t.dtype == ct.tfloat32:
+    if t.dtype == ct.tfloat32:
         return t
     return t.astype(ct.float32).astype(ct.tfloat32)
 

@@ -151,37 +151,45 @@ U_NARROW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 
 # Scaled float16 operands: the derivation
 # ---------------------------------------
-# A float16 kernel's computed operand (S, the decayed weights, w o x) is scaled per row or column
-# by 2^(140 - e), e the float32 exponent of that row's (column's) largest magnitude m, which then
-# lies in [2^13, 2^14): no value rounds past 65504 (kernels.tiles.float16_scaled). The factors
-# are powers of two: scaling and scaling the product back are exact. A value v at or above
-# float16's smallest normal (2^-14 scaled, >= 2^-27 m unscaled) rounds with |d| <= 2^-11 |v|,
-# as TF32 rounds it: the relative count above. Below it float16's subnormals (spacing 2^-24,
-# scaled) leave |d| <= 2^-25 2^(e - 140) <= 2^-38 m: an absolute error, which a product carries
-# to an output times the other operand's magnitude, summed over the product's length, whatever
-# the row's other values. With X, Bm, Cm, dt, Z the largest |x|, |B|, |C|, dt_out, |z| (the
-# gate multiplies an error by at most 1 + Z), S <= (the largest state magnitude) + chunk_size
-# dt X Bm (a state inside a chunk: its start and the chunk's increments, decays <= 1), W <=
-# dstate Bm Cm dt (a decayed weight), w o x <= dt X, per output:
-#   carried path:   dstate * 2^-38 S * Cm          (C S^T; S rows or columns scaled)
-#   intra path:     chunk_size * 2^-38 W * X       (x^T W; W scaled)
-#   state updates:  seqlen * 2^-38 dt X * Bm        (every token's w o x, into the state), and
+# fwd_pass_state's, compute_out's and ssd_varlen's computed float16 operands (S, the decayed
+# weights, w o x) are scaled per row or column by 2^(140 - e), e the float32 exponent of that
+# row's (column's) largest magnitude m, which then lies in [2^13, 2^14): no value rounds past
+# 65504 (kernels.tiles.float16_scaled). The factors are powers of two: scaling and scaling the
+# product back are exact. A value v at or above float16's smallest normal (2^-14 scaled, >=
+# 2^-27 m unscaled) rounds with |d| <= 2^-11 |v|, as TF32 rounds it: the relative count above.
+# Below it float16's subnormals (spacing 2^-24, scaled) leave |d| <= 2^-25 2^(e - 140) <= 2^-38
+# m: an absolute error, which a product carries to an output times the other operand's
+# magnitude, summed over the product's length, whatever the row's other values.
+# ssd_scan rounds the same three unscaled (guarded instead: a result that is not finite makes
+# its second launch recompute with TF32 operands, float32's products): a value below 2^-14
+# keeps |d| <= 2^-25, absolute. With X, Bm, Cm, dt, Z the largest |x|, |B|, |C|, dt_out, |z|
+# (the gate multiplies an error by at most 1 + Z), S <= (the largest state magnitude) +
+# chunk_size dt X Bm (a state inside a chunk: its start and the chunk's increments, decays <=
+# 1), W <= dstate Bm Cm dt (a decayed weight), w o x <= dt X, per output, e the absolute error
+# of one operand value (2^-38 times the value's bound, scaled; 2^-25, unscaled):
+#   carried path:   dstate * e(S) * Cm          (C S^T)
+#   intra path:     chunk_size * e(W) * X       (x^T W)
+#   state updates:  seqlen * e(dt X) * Bm        (every token's w o x, into the state), and
 #                   into y through C: times (1 + dstate Cm)
-# float16_floor is their sum times (1 + Z), added to the bound of y and of the final states. At
-# the properties' sizes it is < 1e-5 of their bound; an operand left unscaled goes inf past 65504
-# and one rounded to 8 bits (2^-8) exceeds the relative count: both fail
-# (forward_fp16_bound; mutants float16_operand_unscaled, float16_operand_8_bit).
+# float16_floor is both designs' sums times (1 + Z), added to the bound of y and of the final
+# states. At the properties' sizes it is < 1e-5 of their bound unless the values themselves are
+# near float16's subnormals; an operand left unscaled and unguarded goes inf past 65504 and one
+# rounded to 8 bits (2^-8) exceeds the relative count: both fail (forward_fp16_bound; mutants
+# float16_operand_unscaled, float16_scan_unguarded, float16_operand_8_bit).
 FLOAT16_SUBNORMAL = 2.0 ** -38  # a scaled float16 operand's absolute error, in its row's m
+FLOAT16_SUBNORMAL_UNSCALED = 2.0 ** -25  # an unscaled one's: half float16's smallest subnormal
 
 
 def float16_floor(seqlen: int, chunk_size: int, dstate: int, x: float, B: float, C: float,
                   dt: float, states: float, z: float) -> float:
-    """Absolute allowance for scaled float16 operands' subnormals (see the derivation): the
-    arguments after the sizes are the largest magnitudes of x, B, C, dt_out, the states, z."""
+    """Absolute allowance for float16 operands' subnormals, scaled or not (see the derivation):
+    the arguments after the sizes are the largest magnitudes of x, B, C, dt_out, the states,
+    z."""
     S = states + chunk_size * dt * x * B
     W = dstate * B * C * dt
-    paths = dstate * S * C + chunk_size * W * x + seqlen * dt * x * B * (1.0 + dstate * C)
-    return FLOAT16_SUBNORMAL * paths * (1.0 + z)
+    scaled = dstate * S * C + chunk_size * W * x + seqlen * dt * x * B * (1.0 + dstate * C)
+    unscaled = dstate * C + chunk_size * x + seqlen * B * (1.0 + dstate * C)
+    return (FLOAT16_SUBNORMAL * scaled + FLOAT16_SUBNORMAL_UNSCALED * unscaled) * (1.0 + z)
 
 # bfloat16 chunk states (state_dtype bfloat16 for bfloat16 inputs, on the three-kernel path):
 # the derivation

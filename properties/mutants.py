@@ -48,8 +48,8 @@ CATALOGUE = [
            "the scan: the state's reference point kept across a chunk boundary, where dA_cumsum "
            "restarts from 0"),
     Mutant("scan_carry_missing", "kernels/ssd_scan.py",
-           "new_states += (mma_product(xw, Bt, states[i_k] * carry, x.dtype),)",
-           "new_states += (mma_product(xw, Bt, states[i_k], x.dtype),)",
+           "new_states += (ct.mma(mma_operand(xw, products), Bt, states[i_k] * carry),)",
+           "new_states += (ct.mma(mma_operand(xw, products), Bt, states[i_k]),)",
            "the scan: the state is carried to the next token block without its decay"),
     Mutant("varlen_state_one_token_early", "kernels/ssd_varlen.py",
            "inside = t < end  # padding",
@@ -65,9 +65,9 @@ CATALOGUE = [
            "S = mma_product(xw, Bt, S, x.dtype)",
            "a packed row: the state goes to the sequence's next token block without its decay"),
     Mutant("scan_weights_in_8_bits", "kernels/ssd_scan.py",
-           "x.dtype), cbT * LT * dt_s, acc,",
-           "x.dtype), ct.bitcast(ct.bitcast(cbT * LT * dt_s, ct.int32) & -1048576, "
-           "ct.float32), acc,",
+           "mma_operand(cbT * LT * dt_s, products), acc)",
+           "mma_operand(ct.bitcast(ct.bitcast(cbT * LT * dt_s, ct.int32) & -1048576, "
+           "ct.float32), products), acc)",
            "the scan: the decayed weights keep 3 mantissa bits, an 8-bit float's, before their "
            "product"),
     Mutant("scan_reset_missing", "kernels/ssd_scan.py",
@@ -240,6 +240,11 @@ CATALOGUE = [
            "    return t.astype(ct.float16), back / back\n",
            "a float16 kernel's computed operand is rounded to float16 unscaled: past 65504 it "
            "is inf"),
+    Mutant("float16_scan_unguarded", "kernels/ssd_scan.py",
+           "            or_error(errors, flags)\n",
+           "            or_error(errors, flags * 0)\n",
+           "the float16 scan never asks for its redo: a computed operand past 65504 is inf in y "
+           "and the states"),
     Mutant("float16_operand_8_bit", "kernels/tiles.py",
            "    return (t * up).astype(ct.float16), back\n",
            "    return ct.bitcast(ct.bitcast(t * up, ct.int32) & -1048576, ct.float32).astype("

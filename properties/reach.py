@@ -45,7 +45,7 @@ from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
 from kernels.launches import ROUTES, ForwardArrays, part_launches, varlen_launches
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
-from kernels.ssd_scan import ssd_scan_choices, ssd_scan_launch
+from kernels.ssd_scan import ssd_scan_choices, ssd_scan_launches
 from properties.checks import FWD_PASS_STATE_TILES, compute_out_alone_choices
 from properties.runner import route_of
 from properties.profiles import Caps
@@ -342,9 +342,9 @@ def _own_launches(kind: str, d: Dims, opts: dict, sm_count: int, params) -> list
     if kind == "ssd_scan_alone":  # int32 indices only: none at 2^31 elements
         scan = _scan_arrays(a)
         return [] if needs_int64(*scan) else [
-            ssd_scan_launch(*scan, sm_count, c, errors=a.errors)
-            for c in ssd_scan_choices(a.x, a.B)
-            if params is None or (c.occupancy, c.warps) == (params["occupancy"], params["warps"])]
+            launch for c in ssd_scan_choices(a.x, a.B)
+            if params is None or (c.occupancy, c.warps) == (params["occupancy"], params["warps"])
+            for launch in ssd_scan_launches(*scan, sm_count, c, errors=a.errors)]
     choices = compute_out_choices(*a.compute_out_arrays())
     if params is not None:
         choices = compute_out_alone_choices(choices, params)
@@ -353,7 +353,7 @@ def _own_launches(kind: str, d: Dims, opts: dict, sm_count: int, params) -> list
 
 
 def _scan_arrays(a: ForwardArrays) -> tuple:
-    """ssd_scan_launch's arrays of a forward's."""
+    """ssd_scan_launches' arrays of a forward's."""
     return (a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z, a.seg, a.y,
             a.final_states)
 
@@ -372,7 +372,7 @@ def _narrow_launches(kind: str, d: Dims, opts: dict, sm_count: int) -> list:
                     a.final_states, sm_count, choice)]
     if kind == "ssd_scan_alone":
         scan = _scan_arrays(a)
-        return [] if needs_int64(*scan) else [ssd_scan_launch(*scan, sm_count, errors=a.errors)]
+        return [] if needs_int64(*scan) else ssd_scan_launches(*scan, sm_count, errors=a.errors)
     if kind == "compute_out_alone":
         return [compute_out_launch(*a.compute_out_arrays(), sm_count, errors=a.errors)]
     return []

@@ -36,7 +36,7 @@ from kernels.call import STATE_DTYPES
 from kernels.launches import (ForwardArrays, part_launches, rules_batch_parts,
                               varlen_launches)
 from kernels.ssd_scan import Choice as ScanChoice
-from kernels.ssd_scan import ssd_scan_launch
+from kernels.ssd_scan import ssd_scan_launches
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
 # The default run compiles every specialization for the H200's architecture and, for the others,
@@ -116,12 +116,14 @@ CONFIGS = [
 # checks D in chunk_cumsum instead) are compiled too: one per compute_out kernel object, every
 # option on (ssd_scan: where its arrays stay below 2^31 elements), and compute_out's program per
 # chunk with D per head and with no option (the forward takes the scan wherever that layout
-# would pay: it runs standalone, or tuned); in bfloat16 every option and none, whose standalone
-# scans on an unbounded GPU are grids of fewer programs than SMs (the scan's other rules' object)
+# would pay: it runs standalone, or tuned); in bfloat16 every option and none, in float16 every
+# option, whose standalone scans on an unbounded GPU are grids of fewer programs than SMs (the
+# scan's other rules' object)
 STANDALONE_COMPUTE_OUT = ("all_options_chunk128", "options_but_seq_idx_chunk256",
                           "int64_all_options_chunk256", "mamba2_2p7b_chunk256",
                           "no_options_chunk256", "all_options_chunk256_bf16",
-                          "no_options_chunk256_bf16", "all_options_chunk256_bf16_float32_states")
+                          "no_options_chunk256_bf16", "all_options_chunk256_bf16_float32_states",
+                          "all_options_chunk256_fp16")
 
 # packed rows (cu_seqlens, batch 1): ssd_forward's launches of chunk_cumsum and ssd_varlen, every
 # option (D per channel, z, initial states per sequence) on and off, float32 and bfloat16, at the
@@ -173,7 +175,7 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
                 arrays.initial_states, arrays.D, arrays.z, arrays.seg, arrays.y,
                 arrays.final_states)
         if not needs_int64(*scan):
-            plans.append([ssd_scan_launch(*scan, sm_count, errors=arrays.errors)])
+            plans.append(ssd_scan_launches(*scan, sm_count, errors=arrays.errors))
     return [launch for launches in plans for launch in launches]
 
 
@@ -398,9 +400,10 @@ def _crashed_compute_out():
 def _crashed_ssd_scan():
     a = stand_in_arrays(Dims(1, 300, 4, 100, 2, 100, 256),
                         dict(D="channel", z=True, initial_states=True))
-    return ssd_scan_launch(a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D, a.z,
-                           None, a.y, a.final_states, 132, ScanChoice(1, 1, 32, None),
-                           errors=a.errors)
+    [launch] = ssd_scan_launches(a.x, a.B, a.C, a.dt_out, a.dA_cumsum, a.initial_states, a.D,
+                                 a.z, None, a.y, a.final_states, 132,
+                                 ScanChoice(1, 1, 32, None), errors=a.errors)
+    return launch
 
 
 # Choices off the rules' path that tileiras 13.4 crashed compiling for sm_90 (SIGSEGV, met by

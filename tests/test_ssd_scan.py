@@ -72,12 +72,14 @@ def test_two_heads_only_where_they_share_a_group():
 @pytest.mark.parametrize("dims, dtype, runs", [
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float32", True, id="mamba2_2p7b"),
     pytest.param(Dims(8, 2048, 24, 64, 1, 128, 256), "float32", True, id="mamba2_130m"),
-    # 80 programs on 132 SMs: the scan in bfloat16 (0.4 of a wave or more), the three kernels in
-    # float32 and float16, which take the scan from 93 programs (0.7 of a wave)
+    # 80 programs on 132 SMs: the scan in bfloat16 and float16 (0.4 of a wave or more), the
+    # three kernels in float32, which takes the scan from 93 programs (0.7 of a wave)
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "bfloat16", True, id="long_seq_bf16"),
+    pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float16", True, id="long_seq_fp16"),
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float32", False, id="long_seq_fp32"),
     pytest.param(Dims(1, 16384, 93, 64, 1, 128, 256), "float32", True, id="93_programs_fp32"),
-    pytest.param(Dims(1, 16384, 92, 64, 1, 128, 256), "float16", False, id="92_programs_fp16"),
+    pytest.param(Dims(1, 16384, 92, 64, 1, 128, 256), "float32", False, id="92_programs_fp32"),
+    pytest.param(Dims(1, 16384, 52, 64, 1, 128, 256), "float16", False, id="52_programs_fp16"),
     pytest.param(Dims(2, 4000, 64, 64, 8, 64, 128), "float32", True, id="groups_8_layer_fp32"),
     pytest.param(Dims(1, 16384, 53, 64, 1, 128, 256), "bfloat16", True, id="53_programs_bf16"),
     pytest.param(Dims(1, 16384, 52, 64, 1, 128, 256), "bfloat16", False, id="52_programs_bf16"),
@@ -98,11 +100,11 @@ def test_the_forward_takes_the_scan_where_its_grid_fills_the_gpu(dims, dtype, ru
     pytest.param(Dims(1, 16384, 133, 64, 1, 128, 256), "bfloat16", False, id="wave_plus_1_bf16"),
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "bfloat16", False, id="mamba2_2p7b_bf16"),
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float32", False, id="long_seq_fp32"),
-    pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float16", False, id="long_seq_fp16"),
+    pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float16", True, id="long_seq_fp16"),
+    pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float16", False, id="mamba2_2p7b_fp16"),
 ])
-def test_a_bfloat16_grid_of_one_program_per_sm_or_fewer_runs_eight_worker_warps(dims, dtype,
-                                                                                  few):
-    expected = FEW_PROGRAMS_CHOICE["bfloat16"] if few else RULES_CHOICE
+def test_a_16_bit_grid_of_one_program_per_sm_or_fewer_runs_eight_worker_warps(dims, dtype, few):
+    expected = FEW_PROGRAMS_CHOICE[dtype] if few else RULES_CHOICE
     assert rules_choice(LaunchDims(dims, dtype), H200_SMS) == expected
 
 

@@ -83,21 +83,29 @@ def test_16_bit_inputs_take_the_products_of_their_dtype(case, dtype):
                                      f"operands: {other}")
 
 
-@pytest.mark.properties
-@pytest.mark.parametrize("route", ["scan", "chunks_in_order", "chunks_parallel", "packed"])
-def test_float16_operands_round_as_tf32(route):
-    """float16 inputs in float16's normal range: every operand the kernels compute is scaled by
-    a power of two (kernels.tiles.float16_scaled) and rounds as TF32 rounds it, so y and the
-    states are bit-identical to those of the same values in float32 (TF32 operands), here,
-    where the interpreter accumulates both alike, including operands past 65504 (x scaled up:
-    the decayed weights and states pass float16's range, y stays inside it)."""
+def _float16_exact(kw: dict, x: int, B: int, C: int, dt: float) -> dict:
+    """kw with x, B, C scaled by 2^x, 2^B, 2^C and z, all four float16 values held in float32;
+    dt times `dt` (large steps: the weights and the states grow)."""
     import numpy as np
-    kw = make_inputs(Case("float16_scaled", 1, 150, 2, 16, 1, 16, 64, D="head", z=True))
-    kw["x"] = (kw["x"] * 2.0 ** 6).astype(np.float16).astype(np.float32)
-    kw["B"] = (kw["B"] * 2.0 ** 6).astype(np.float16).astype(np.float32)
-    kw["C"] = (kw["C"] * 2.0 ** -7).astype(np.float16).astype(np.float32)
-    kw["z"] = kw["z"].astype(np.float16).astype(np.float32)
-    kw["dt"] = kw["dt"] * 40.0  # large steps: the weights and the state grow past 65504
+    kw = dict(kw)
+    for name, e in (("x", x), ("B", B), ("C", C), ("z", 0)):
+        kw[name] = (kw[name] * 2.0 ** e).astype(np.float16).astype(np.float32)
+    kw["dt"] = kw["dt"] * dt
+    return kw
+
+
+@pytest.mark.properties
+@pytest.mark.parametrize("route", ["chunks_in_order", "chunks_parallel", "packed"])
+def test_float16_operands_round_as_tf32(route):
+    """float16 inputs in float16's normal range, on the routes whose kernels scale: every
+    operand they compute is scaled by a power of two (kernels.tiles.float16_scaled) and rounds
+    as TF32 rounds it, so y and the states are bit-identical to those of the same values in
+    float32 (TF32 operands), here, where the interpreter accumulates both alike, including
+    operands past 65504 (x scaled up: the decayed weights and states pass float16's range, y
+    stays inside it)."""
+    import numpy as np
+    kw = _float16_exact(make_inputs(Case("float16_scaled", 1, 150, 2, 16, 1, 16, 64, D="head",
+                                         z=True)), 6, 6, -7, 40.0)
     if route == "packed":
         options = dict(cu_seqlens=np.array([0, 70, 150], np.int32), return_varlen_states=True)
     else:
@@ -109,5 +117,36 @@ def test_float16_operands_round_as_tf32(route):
     assert set(products) == {(ct.float16, ct.float16)}, sorted(set(products))
     assert np.abs(wide_states).max() > 65504, "the states stay inside float16's range"
     assert np.isfinite(y).all() and np.isfinite(states).all()
+    np.testing.assert_array_equal(states, wide_states)
+    np.testing.assert_array_equal(y, wide_y.astype(np.float16))
+
+
+@pytest.mark.properties
+@pytest.mark.parametrize("past_range", [False, True])
+def test_float16_scan_redoes_out_of_range_with_tf32(past_range):
+    """The scan rounds its computed float16 operands unscaled and guards them: inside float16's
+    range its products are all float16 and its second launch stores nothing (the outputs are
+    the first's, within the fp16 bound: the properties); where a state passes 65504 before the
+    last token block (x scaled up further, C down so y stays in range) the second launch
+    recomputes y and the states with TF32 operands, bit-identical to float32's here, finite,
+    and the note it reads (FLOAT16_RANGE) is raised as no error."""
+    import numpy as np
+    from kernels import raise_pending_errors
+    kw = _float16_exact(make_inputs(Case("float16_guard", 1, 300, 2, 16, 1, 16, 64, D="head",
+                                         z=True)), 8 if past_range else 0, 6, -9, 40.0)
+    wide_y, wide_states = ssd_forward(**kw, route="scan", return_final_states=True)
+    narrow = {k: v.astype(np.float16) if k in ("x", "B", "C", "z") else v for k, v in kw.items()}
+    with record_mma_operands() as products:
+        y, states = ssd_forward(**narrow, route="scan", return_final_states=True,
+                                check_values=False)
+    raise_pending_errors()
+    assert np.isfinite(y).all() and np.isfinite(states).all()
+    if not past_range:
+        assert np.abs(wide_states).max() < 2048, "the states pass float16's range"
+        assert set(products) == {(ct.float16, ct.float16)}, sorted(set(products))
+        return
+    assert np.abs(wide_states).max() > 65504, "the states stay inside float16's range"
+    assert set(products) == {(ct.float16, ct.float16), (ct.tfloat32, ct.tfloat32)}, \
+        sorted(set(products))
     np.testing.assert_array_equal(states, wide_states)
     np.testing.assert_array_equal(y, wide_y.astype(np.float16))
