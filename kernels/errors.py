@@ -12,10 +12,13 @@ anything is launched), or in `raise_pending_errors()`, which waits for the devic
 value is raised there as the ValueError naming the argument, with the call it came from; the
 word is then cleared, so later good calls are not blamed.
 
-A packed call (cu_seqlens) also reads its word on the device: its last kernel NaNs the outputs
-when the word holds ERROR_CU_SEQLENS. A word is a call's alone while it runs unless the ring
-wraps under it: a call still in flight (a captured CUDA graph replayed later keeps its slot)
-1024 calls later shares its slot with the new one, and their bits mix.
+Two kinds of call also read their word on the device: a packed call's (cu_seqlens) last kernel
+NaNs the outputs when the word holds ERROR_CU_SEQLENS; a float16 scan's second launch redoes
+the call on TF32 operands when the first set FLOAT16_RANGE (a note, never raised; batch slices
+on two streams share one word, so one slice's note may redo both). A word is a call's alone
+while it runs unless the ring wraps under it: a call still in flight (a captured CUDA graph
+replayed later keeps its slot) 1024 calls later shares its slot with the new one, and their
+bits mix (a zeroing between a float16 scan's two launches loses its redo).
 
 On the CPU interpreter (NumPy arrays) the words are host memory and the kernels run before the
 call returns: `check_values=False` defers the error as on the GPU; the default checks on the

@@ -129,11 +129,12 @@ def kappa(stage: str, seqlen: int, chunk_size: int, dstate: int,
 # 16-bit products (x, B, C, z in bfloat16 or float16): the derivation
 # -------------------------------------------------------------------
 # Every product of 16-bit inputs takes 16-bit operands with an fp32 accumulator
-# (kernels.tiles.mma_product): the inputs as they are (x, B, C: no rounding), the values the
-# kernels compute rounded once (u_n = 2^-8 to bfloat16; for float16 inputs scaled by a power of
-# two into float16's range first, "Scaled float16 operands" below: 2^-11, as TF32 rounds them;
-# round to nearest): compute_out's decayed weights (C B^T o L) * dt and its state operand S,
-# fwd_pass_state's scaled w o x (ssd_scan and ssd_varlen: the same three). Per path:
+# (kernels.tiles.mma_operand, mma_product): the inputs as they are (x, B, C: no rounding), the
+# values the kernels compute rounded once (u_n = 2^-8 to bfloat16; 2^-11 to float16, as TF32
+# rounds them: scaled into range first, or in ssd_scan guarded, a call out of range redone on
+# TF32 operands, "Scaled float16 operands" below; round to nearest): compute_out's decayed
+# weights (C B^T o L) * dt and its state operand S, fwd_pass_state's scaled w o x (ssd_scan
+# and ssd_varlen: the same three). Per path:
 #   compute_out, intra-chunk path:  (C B^T o L * dt) rounded (C B^T itself exact in fp32)   1
 #   compute_out, carried path:      S rounded (C is exact)                                 1
 #   fwd_pass_state, every increment: (w o x) rounded (B is exact)                          1
@@ -171,25 +172,29 @@ U_NARROW = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 #   intra path:     chunk_size * e(W) * X       (x^T W)
 #   state updates:  seqlen * e(dt X) * Bm        (every token's w o x, into the state), and
 #                   into y through C: times (1 + dstate Cm)
-# float16_floor is both designs' sums times (1 + Z), added to the bound of y and of the final
-# states. At the properties' sizes it is < 1e-5 of their bound unless the values themselves are
-# near float16's subnormals; an operand left unscaled and unguarded goes inf past 65504 and one
-# rounded to 8 bits (2^-8) exceeds the relative count: both fail (forward_fp16_bound; mutants
+# float16_floor gives y both designs' sums times (1 + Z) and the final states their state
+# updates alone (an S or W operand's rounding reaches y only). It is an allowance for the worst
+# case, every token's w o x subnormal with no decay: where the values are far from float16's
+# subnormals it is small beside the relative count, but with large B and C its y part can
+# reach kappa u M (the properties' weights-past-65504 case), so an 8-bit operand (2^-8, 8 times
+# the relative count) is caught on the many elements below it, not on the worst; an operand
+# left unscaled and unguarded goes inf past 65504: both fail (forward_fp16_bound; mutants
 # float16_operand_unscaled, float16_scan_unguarded, float16_operand_8_bit).
 FLOAT16_SUBNORMAL = 2.0 ** -38  # a scaled float16 operand's absolute error, in its row's m
 FLOAT16_SUBNORMAL_UNSCALED = 2.0 ** -25  # an unscaled one's: half float16's smallest subnormal
 
 
 def float16_floor(seqlen: int, chunk_size: int, dstate: int, x: float, B: float, C: float,
-                  dt: float, states: float, z: float) -> float:
-    """Absolute allowance for float16 operands' subnormals, scaled or not (see the derivation):
-    the arguments after the sizes are the largest magnitudes of x, B, C, dt_out, the states,
-    z."""
+                  dt: float, states: float, z: float) -> tuple[float, float]:
+    """Absolute allowances (y, final states) for float16 operands' subnormals, scaled or not
+    (see the derivation): the arguments after the sizes are the largest magnitudes of x, B, C,
+    dt_out, the states, z."""
     S = states + chunk_size * dt * x * B
     W = dstate * B * C * dt
-    scaled = dstate * S * C + chunk_size * W * x + seqlen * dt * x * B * (1.0 + dstate * C)
-    unscaled = dstate * C + chunk_size * x + seqlen * B * (1.0 + dstate * C)
-    return (FLOAT16_SUBNORMAL * scaled + FLOAT16_SUBNORMAL_UNSCALED * unscaled) * (1.0 + z)
+    updates = seqlen * B * (FLOAT16_SUBNORMAL * dt * x + FLOAT16_SUBNORMAL_UNSCALED)
+    operands = (FLOAT16_SUBNORMAL * (dstate * S * C + chunk_size * W * x)
+                + FLOAT16_SUBNORMAL_UNSCALED * (dstate * C + chunk_size * x))
+    return (operands + updates * (1.0 + dstate * C)) * (1.0 + z), updates
 
 # bfloat16 chunk states (state_dtype bfloat16 for bfloat16 inputs, on the three-kernel path):
 # the derivation

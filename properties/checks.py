@@ -57,7 +57,7 @@ def forward_tf32_bound(p: Problem, backend: str) -> dict:
     return merge_metrics(
         check_close("forward y", y, y_ref, b.y, b.M, p, floor=b.floor),
         check_close("forward final_states", final, final_ref, b.final, b.final_M, p,
-                    floor=b.floor))
+                    floor=b.floor_final))
 
 
 # y's largest magnitude in the float16 property: below float16's largest finite, 65504, with
@@ -126,7 +126,7 @@ def forward_bf16_bound(p: Problem, backend: str) -> dict:
         check_close("bf16 y", y.astype(np.float64), y_ref,
                     narrow_output_bound(y_ref, b.y, "bfloat16"), b.M, wide, floor=b.floor),
         check_close("bf16 final_states", final, final_ref, b.final, b.final_M, wide,
-                    floor=b.floor))
+                    floor=b.floor_final))
 
 
 def _keeps_chunk_states(q: Problem, backend: str) -> bool:
@@ -152,9 +152,10 @@ def forward_fp16_bound(p: Problem, backend: str) -> dict:
     """ssd_forward with x, B, C, z in float16 (dt, D, dt_bias, initial_states float32 or float16
     as p's weights say, A float32: _as_float16): y in float16 within narrow_output_bound of the
     float64 forward of the float16 values, final_states (float32) within its bound, both at
-    kappa of float16 inputs (their products take TF32 operands); and the same problem with its
-    decayed weights pushed past float16's range (_weights_past_float16), which a product
-    rounding them to float16 would make inf, within the same bound."""
+    kappa of float16 inputs (float16 operands: the scan's guarded, the other kernels' scaled);
+    and the same problem with its decayed weights pushed past float16's range
+    (_weights_past_float16), which a product rounding them to float16 unguarded and unscaled
+    would make inf, within the same bound."""
     q = _as_float16(p)
     pushed = _weights_past_float16(q)
     return merge_metrics(_fp16_forward_within_bound("fp16", q, backend),
@@ -173,7 +174,7 @@ def _fp16_forward_within_bound(what: str, q: Problem, backend: str) -> dict:
         check_close(f"{what} y", y, y_ref, narrow_output_bound(y_ref, b.y, "float16"), b.M, q,
                     floor=b.floor),
         check_close(f"{what} final_states", final, final_ref, b.final, b.final_M, q,
-                    floor=b.floor))
+                    floor=b.floor_final))
 
 
 # how far past float16's largest finite value a pushed operand goes (twice its range: it must
@@ -184,7 +185,8 @@ FP16_PUSH = 2.0 ** 17
 def _weights_past_float16(q: Problem) -> Problem | None:
     """q (float16 activations) with B scaled up and x down by one power of two 2^k, so that its
     largest decayed weight on the diagonal (C_t . B_t dt_t: no decay there) is FP16_PUSH or more,
-    past float16's range (kernels.tiles.mma_operand: float16 inputs take TF32 operands); y's
+    past float16's range (the scan's guard redoes such a call on TF32 operands, the other
+    kernels scale: kernels.tiles.float16_scaled); y's
     terms through B x keep their values, D x gets smaller. None where the weights already pass
     the range or are all zero, or B would leave float16's range (|B| 2^k >= 2^15)."""
     d = q.dims
@@ -391,7 +393,7 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
                 f"{choice.occupancy}, worker warps {choice.warps})")
         metrics += [check_close(f"{name} y", y, y_ref, b.y, b.M, p, floor=b.floor),
                     check_close(f"{name} final_states", final, final_ref, b.final, b.final_M,
-                                p, floor=b.floor)]
+                                p, floor=b.floor_final)]
     if not metrics:  # checked nothing
         raise ValueError(f"ssd_scan_alone: no choice at hints (occupancy, worker warps) "
                          f"{hints!r} (OCCUPANCIES {SCAN_OCCUPANCIES}, WORKER_WARPS "
@@ -408,7 +410,7 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
                             narrow_output_bound(y_ref, b.y, "bfloat16"), b.M, wide,
                             floor=b.floor),
                 check_close("ssd_scan bf16 final_states", final, final_ref, b.final, b.final_M,
-                            wide, floor=b.floor)]
+                            wide, floor=b.floor_final)]
     return merge_metrics(*metrics)
 
 
@@ -517,7 +519,7 @@ def _packed_against_alone(q: Problem, cu, backend: str) -> dict:
         metrics += [check_close(f"{what} y", np.asarray(y[:, lo:hi], np.float64), y_ref, y_bound,
                                 b.M, alone, label="y", floor=b.floor),
                     check_close(f"{what} state", states[k:k + 1], final_ref, b.final, b.final_M,
-                                alone, label="state", floor=b.floor)]
+                                alone, label="state", floor=b.floor_final)]
     return merge_metrics(*metrics)
 
 

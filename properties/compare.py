@@ -30,9 +30,10 @@ def floor_of(p: Problem, dt_out, *states) -> float:
                      max(max_abs(*states), default=0.0))
 
 
-def float16_floor_of(p: Problem, dt_out, *states) -> float:
-    """float16_floor of p (its scaled float16 operands' subnormals) at p's sizes and largest
-    magnitudes (states: the largest of the given state arrays or magnitudes)."""
+def float16_floor_of(p: Problem, dt_out, *states) -> tuple[float, float]:
+    """float16_floor of p (its float16 operands' subnormals: y's, the final states') at p's
+    sizes and largest magnitudes (states: the largest of the given state arrays or
+    magnitudes)."""
     d = p.dims
     x, B, C, dt, z = max_abs(p.x, p.B, p.C, dt_out, p.z)
     return float16_floor(d.seqlen, p.chunk_size, d.dstate, x, B, C, dt,
@@ -50,7 +51,8 @@ class ForwardBounds:
     kappa_final: float
     extra_y: np.ndarray
     extra_final: np.ndarray
-    floor: float  # the flush-to-zero (and scaled float16 operands') allowance inside both extras
+    floor: float  # y's flush-to-zero (and float16 operands') allowance, inside extra_y
+    floor_final: float  # the final states', inside extra_final
 
     @property
     def y(self) -> np.ndarray:
@@ -103,13 +105,16 @@ def forward_bounds(p: Problem, chunk_size: int | None = None, *, extra_kappa: fl
     final_M_w = R.fwd_pass_state_magnitude(p.x, p.B, dt_out, dA_w, p.initial_states,
                                            p.seq_idx)[1]
     floor = floor_of(p, dt_out, states_M, final_M)
+    floor_y, floor_final = floor, floor
     if operands == "float16":
-        floor += float16_floor_of(p, dt_out, states_M, final_M)
+        float16_y, float16_final = float16_floor_of(p, dt_out, states_M, final_M)
+        floor_y, floor_final = floor + float16_y, floor + float16_final
     k_y = kappa("forward", d.seqlen, cs, d.dstate, operands, stored_states) + extra_kappa
     k_s = kappa("fwd_pass_state", d.seqlen, cs, d.dstate, operands, stored_states) + extra_kappa
     return ForwardBounds(M=M, final_M=final_M, kappa_y=k_y, kappa_final=k_s,
-                         extra_y=decay_term(M, M_w, cs, lam) + floor,
-                         extra_final=decay_term(final_M, final_M_w, cs, lam) + floor, floor=floor)
+                         extra_y=decay_term(M, M_w, cs, lam) + floor_y,
+                         extra_final=decay_term(final_M, final_M_w, cs, lam) + floor_final,
+                         floor=floor_y, floor_final=floor_final)
 
 
 def check_close(what: str, got, ref, bound, M, p: Problem, *, label: str | None = None,

@@ -129,11 +129,12 @@ def test_bfloat16_torch_inputs_within_narrow_bound(case_id):
     check_close("final_states", final.cpu().numpy(), final_ref, final_bound, b.final_M, p)
 
 
-# float16 inputs whose computed operands float16 cannot hold (their products take TF32
-# operands, kernels.tiles.mma_operand): activations scaled by powers of two (exact) so that one
-# operand passes 65504 by far while y stays in float16's range. "weights": C B^T dt (B up, x
-# down); "state": the state operand S (x and B up, C down); "scaled_x": w o x (x up,
-# dt >= 2.5, B and C down). (x, B, C exponents, dt range)
+# float16 inputs whose computed operands float16 cannot hold unscaled (the scan's guard redoes
+# the call on TF32 operands, the other kernels scale them, kernels.tiles.float16_scaled):
+# activations scaled by powers of two (exact) so that one operand passes 65504 by far while y
+# stays in float16's range. "weights": C B^T dt (B up, x down); "state": the state operand S
+# (x and B up, C down); "scaled_x": w o x (x up, dt >= 2.5, B and C down). (x, B, C exponents,
+# dt range)
 PAST_FLOAT16 = {
     "weights": ((-12, 10, 6), (1e-3, 0.3)),
     "state": ((10, 6, -14), (0.5, 1.0)),

@@ -64,7 +64,8 @@ def test_every_product_has_tensor_core_operands(case, layout):
 def test_16_bit_inputs_take_the_products_of_their_dtype(case, dtype):
     """x, B, C, z in `dtype`: every product of the forward, of fwd_pass_state and compute_out,
     and of a packed row takes operands of that dtype (kernels.tiles.mma_product; TF32 runs at
-    half their rate): bfloat16 ones rounded, float16 ones scaled into its range first."""
+    half their rate): bfloat16 ones rounded, float16 ones rounded in the scan (guarded) and
+    scaled into its range first in the other kernels."""
     import ml_dtypes
     import numpy as np
     narrow = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float16)
