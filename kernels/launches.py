@@ -163,7 +163,6 @@ class Slot:
                     (lo, hi))
 
 
-
 def call_launches(dims: Dims, layouts: dict, outputs: dict, *, kind: str, sm_count: int,
                   num_seqs: int | None, dt_softplus: bool, dt_limit: tuple[float, float],
                   tuned=None, route: str | None = None,

@@ -44,11 +44,12 @@ CHOICES = tuple(Choice(h, o, p, w) for h in HEADS for o in OCCUPANCIES for p in 
 
 # The rules' pick (rules_choice): one head and Mamba-2's whole headdim per program; two programs
 # per SM (RULES_CHOICE), but where the grid has at most one program per SM, for the dtypes of
-# FEW_PROGRAMS_CHOICE, one program per SM of eight worker warps, whose token-block step is
-# shorter (measured for 16-bit inputs; float32's state tile spills with eight); DECISIONS.md
-# "ssd_scan: program"
+# FEW_PROGRAMS_DTYPES, one program per SM of eight worker warps (FEW_PROGRAMS_CHOICE), whose
+# token-block step is shorter (measured for 16-bit inputs; float32's state tile spills with
+# eight); DECISIONS.md "ssd_scan: program"
 RULES_CHOICE = Choice(1, 2, 64, None)
-FEW_PROGRAMS_CHOICE = {"bfloat16": Choice(1, 1, 64, 8), "float16": Choice(1, 1, 64, 8)}
+FEW_PROGRAMS_CHOICE = Choice(1, 1, 64, 8)
+FEW_PROGRAMS_DTYPES = ("bfloat16", "float16")
 BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
 # the scan runs (ssd_forward) where its grid has SCAN_MIN_WAVES programs per SM or more (each
 # runs through the whole sequence: a smaller grid leaves SMs idle, where fwd_pass_state takes
@@ -229,10 +230,9 @@ def _hints(occupancy: int, warps: int | None) -> dict:
 _ssd_scan = ct.kernel(int32_indexed(_ssd_scan_kernel),
                       **_hints(RULES_CHOICE.occupancy, RULES_CHOICE.warps))
 _ssd_scan_few_programs = _ssd_scan.replace_hints(
-    **_hints(FEW_PROGRAMS_CHOICE["bfloat16"].occupancy, FEW_PROGRAMS_CHOICE["bfloat16"].warps))
-_KERNELS = {(RULES_CHOICE.occupancy, RULES_CHOICE.warps): _ssd_scan}
-_KERNELS.update({(c.occupancy, c.warps): _ssd_scan_few_programs
-                 for c in FEW_PROGRAMS_CHOICE.values()})
+    **_hints(FEW_PROGRAMS_CHOICE.occupancy, FEW_PROGRAMS_CHOICE.warps))
+_KERNELS = {(RULES_CHOICE.occupancy, RULES_CHOICE.warps): _ssd_scan,
+            (FEW_PROGRAMS_CHOICE.occupancy, FEW_PROGRAMS_CHOICE.warps): _ssd_scan_few_programs}
 _KERNELS.update({(o, w): _ssd_scan.replace_hints(**_hints(o, w))
                  for o in OCCUPANCIES for w in WORKER_WARPS if (o, w) not in _KERNELS})
 
@@ -253,9 +253,9 @@ def _rules_programs(batch: int, nheads: int, headdim: int) -> int:
 def rules_choice(dims: LaunchDims, sm_count) -> Choice:
     """The rules' Choice on a GPU of `sm_count` SMs (see RULES_CHOICE)."""
     d = dims.dims
-    few = FEW_PROGRAMS_CHOICE.get(dims.dtype)
-    return (few if few is not None and _rules_programs(d.batch, d.nheads, d.headdim) <= sm_count
-            else RULES_CHOICE)
+    few = (dims.dtype in FEW_PROGRAMS_DTYPES
+           and _rules_programs(d.batch, d.nheads, d.headdim) <= sm_count)
+    return FEW_PROGRAMS_CHOICE if few else RULES_CHOICE
 
 
 def scan_fits(dstate: int, arrays: tuple = ()) -> bool:
@@ -312,12 +312,13 @@ def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, 
     block_t, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]),
                                            choice.block_p)
     guarded = dtype_name(x) == "float16"
-    args = (x, B, C, dt_out, dA_cumsum, x if initial_states is None else initial_states,
+    # the kernel's arguments before CHECK_D, and between it and GUARD, REDO
+    head = (x, B, C, dt_out, dA_cumsum, x if initial_states is None else initial_states,
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
             final_states, errors, int(dt_out.shape[3]), block_t, block_p, dstate_tile,
-            choice.heads, D is not None, D is not None and len(D.shape) == 2, z is not None,
-            D is not None and check_D, initial_states is not None, seg is not None, guarded,
-            False)
+            choice.heads, D is not None, D is not None and len(D.shape) == 2, z is not None)
+    options = (initial_states is not None, seg is not None)
+    args = (*head, D is not None and check_D, *options, guarded, False)
     if needs_int64(*args):
         raise ValueError("ssd_scan: an array of 2^31 elements or more (int32 indices only)")
     grid = (-(-headdim // block_p), nheads // choice.heads, batch)
@@ -325,8 +326,7 @@ def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, 
     if not guarded:
         return [(kernel, grid, args)]
     # the redo: no D check (the first launch made it), no guard
-    redo = (*args[:20], False, *args[21:23], False, True)
-    return [(kernel, grid, args), (kernel, grid, redo)]
+    return [(kernel, grid, args), (kernel, grid, (*head, False, *options, False, True))]
 
 
 def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, seq_idx=None, *,

@@ -327,8 +327,8 @@ CATALOGUE = [
            "A = 0 passes the device's check: no decay, finite outputs, no error"),
     # the same checks through the launchers alone (chunk_cumsum, ssd_scan, compute_out)
     Mutant("scan_alone_D_unreported", "kernels/ssd_scan.py",
-           "D is not None and check_D, initial_states is not None",
-           "False, initial_states is not None",
+           "(*head, D is not None and check_D, *options, guarded, False)",
+           "(*head, False, *options, guarded, False)",
            "ssd_scan alone makes a bad D's y NaN but reports nothing: no error names D"),
     Mutant("compute_out_alone_D_unreported", "kernels/compute_out.py",
            "               D is not None and check_D)", "               False)",

@@ -104,7 +104,7 @@ def test_the_forward_takes_the_scan_where_its_grid_fills_the_gpu(dims, dtype, ru
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float16", False, id="mamba2_2p7b_fp16"),
 ])
 def test_a_16_bit_grid_of_one_program_per_sm_or_fewer_runs_eight_worker_warps(dims, dtype, few):
-    expected = FEW_PROGRAMS_CHOICE[dtype] if few else RULES_CHOICE
+    expected = FEW_PROGRAMS_CHOICE if few else RULES_CHOICE
     assert rules_choice(LaunchDims(dims, dtype), H200_SMS) == expected
 
 
