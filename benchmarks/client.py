@@ -1,15 +1,16 @@
 """mamba_ssm's own Mamba2 layer with each scan, where users call the forward (GPU; torch, and
 mamba_ssm's source importable, e.g. from the ignored folder .ext/):
 
-    python -m benchmarks.client [--configs 2p7b_rmsnorm,130m_z] [--dtypes bfloat16] [--reps 20]
+    python -m benchmarks.client [--configs 2p7b_rmsnorm,130m_z] [--dtypes bfloat16] [--reps 40]
 
 For each layer config and dtype: `Mamba2` (use_mem_eff_path=False, random weights, eval, no
-grad) on one input, its `mamba_chunk_scan_combined` first mamba_ssm's, then ours
-(kernels.ssd_combined, patched into mamba_ssm.modules.mamba2), each layer timed whole; then both
+grad) on one input, with its `mamba_chunk_scan_combined` mamba_ssm's and with ours
+(kernels.ssd_combined, patched into mamba_ssm.modules.mamba2), each layer timed whole, and both
 scans alone on the layer's real call (its arguments as the layer passed them, captured: views
-of one projection, the parameters' dtypes). Printed: each call's argument layouts and our
-plan's copies, the times (median ms, benchmarks.peers.gpu_ms: L2 flushed, host hidden), the
-saving the layer keeps of the scans' own (`kept`), and our outputs on the real call checked
+of one projection, the parameters' dtypes); the four calls take turns in each round
+(rounds_ms). Printed: each call's argument layouts and our plan's copies, the times (median ms
+of the rounds, L2 flushed, host hidden), the saving the layer keeps of the scans' own (`kept`:
+the median of each round's paired savings, kept_saving), and our outputs on the real call checked
 against the float64 reference within their bounds (properties.bounds): y of the call's first
 CHECK_TOKENS tokens of batch element 0 (y is causal: the same as the prefix's) and the final
 state of that prefix called alone (the same views, sliced). Exit 1 if a check fails or a
@@ -22,10 +23,11 @@ import argparse
 import concurrent.futures
 import inspect
 import math
+import statistics
 
 import numpy as np
 
-from benchmarks.peers import gpu_ms
+from benchmarks.peers import FLUSH_BYTES, SLEEP_CYCLES
 
 # the layers: (Mamba2 keyword arguments, batch, seqlen); they differ in the gate (RMSNorm-gated
 # or z into the scan), D (per head, per channel), dt_limit and groups
@@ -40,6 +42,39 @@ CONFIGS = {
 DTYPES = ("float32", "bfloat16")
 KEEP_MIN = 0.8  # of the scans' own saving, the layer keeps at least this
 CHECK_TOKENS = 512  # tokens of the checked prefix (two chunks at least: a state handed on)
+
+
+def rounds_ms(calls: dict, reps: int) -> dict:
+    """{name: [ms of each round]} of the named calls, timed in turn within each of `reps`
+    rounds (each call behind an L2 flush and a GPU sleep, as benchmarks.peers.gpu_ms), so that
+    a drift of the GPU's clocks between rounds shifts every call alike and a round's
+    differences stay paired."""
+    import torch
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    for call in calls.values():
+        call()
+    torch.cuda.synchronize()
+    events = {name: [] for name in calls}
+    for _ in range(reps):
+        for name, call in calls.items():
+            flush.zero_()
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            call()
+            end.record()
+            events[name].append((start, end))
+    torch.cuda.synchronize()
+    return {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
+
+
+def kept_saving(rounds: dict) -> float:
+    """The share of the scans' own saving the layer keeps: the median over rounds of the layer's
+    saving (mamba_ssm's scan minus ours, the same round) over that of the scans alone."""
+    saving = lambda what: statistics.median(
+        t - o for t, o in zip(rounds[f"{what} mamba_ssm"], rounds[f"{what} cutile"]))
+    scans = saving("scan")
+    return saving("layer") / scans if scans > 0 else -math.inf
 
 
 def _capture(layer, u, module) -> dict:
@@ -115,17 +150,17 @@ def run_row(name: str, dtype: str, reps: int) -> dict:
     with torch.no_grad():
         call = _capture(layer, u, module)
         plan = plan_of(Call(**{k: v for k, v in call.items() if k in Call._fields}))
-        times = {}
-        for who, scan in (("mamba_ssm", theirs), ("cutile", ours)):
+        def layer_with(scan):
             module.mamba_chunk_scan_combined = scan
             try:
-                out = layer(u)
-                times[f"layer {who}"] = gpu_ms(lambda: layer(u), reps)
+                return layer(u)
             finally:
                 module.mamba_chunk_scan_combined = theirs
-            times[f"scan {who}"] = gpu_ms(lambda scan=scan: scan(**call), reps)
-            if who == "mamba_ssm":
-                reference_out = out
+        reference_out, out = layer_with(theirs), layer_with(ours)
+        rounds = rounds_ms({"layer mamba_ssm": lambda: layer_with(theirs),
+                            "layer cutile": lambda: layer_with(ours),
+                            "scan mamba_ssm": lambda: theirs(**call),
+                            "scan cutile": lambda: ours(**call)}, reps)
         layer_diff = float((out.float() - reference_out.float()).abs().max()
                            / reference_out.float().abs().max())
         y = ours(**call)
@@ -143,7 +178,8 @@ def run_row(name: str, dtype: str, reps: int) -> dict:
         check["seq_idx"] = check["seq_idx"].astype(np.int32)
     stored = any(n == "chunk_states" for n, _, _ in plan.outputs) and dtype == "bfloat16"
     return dict(layouts=[_layout(k, v) for k, v in call.items()], copies=plan.copies,
-                times=times, layer_diff=layer_diff,
+                times={name: statistics.median(ms) for name, ms in rounds.items()},
+                kept=kept_saving(rounds), layer_diff=layer_diff,
                 check=(check, _host(y[:1, :tokens]), _host(final),
                        "bfloat16" if dtype == "bfloat16" else "tfloat32", stored))
 
@@ -153,7 +189,7 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--dtypes", default=",".join(DTYPES))
-    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=40)
     args = parser.parse_args(argv)
     rows = [(c, d) for c in args.configs.split(",") for d in args.dtypes.split(",")]
     unknown = [c for c, _ in rows if c not in CONFIGS] + [d for _, d in rows if d not in DTYPES]
@@ -175,10 +211,7 @@ def main(argv=None) -> int:
               "|---|---|---|---|---|---|---|---|---|---|")
         failed = False
         for row, r in results.items():
-            t = r["times"]
-            scan_saving = t["scan mamba_ssm"] - t["scan cutile"]
-            kept = (t["layer mamba_ssm"] - t["layer cutile"]) / scan_saving if scan_saving > 0 \
-                else -math.inf
+            t, kept = r["times"], r["kept"]
             try:
                 metrics = checks[row].result()
                 ratios = [f"{metrics['y err/bound']:.2f}",

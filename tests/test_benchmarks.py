@@ -1225,3 +1225,15 @@ def test_peers_table_row_goes_on_past_a_peer_that_fails(capsys):
     with pytest.raises(RuntimeError, match="does not compile"):  # ours failing is no table row
         timed_cells({"cutile": fails, "mamba_ssm": "mamba_ssm"}, reps=3,
                     timer=lambda call, reps: call() if callable(call) else medians[call])
+
+
+def test_client_keeps_the_median_of_each_rounds_paired_savings():
+    """benchmarks.client's `kept`: each round's layer saving (the same round's two layer times)
+    over each round's scan saving, medians of the pairs; a drift between rounds cancels where
+    medians of the four times apart would not (here they would say 120 %)."""
+    from benchmarks.client import kept_saving
+    rounds = {"layer mamba_ssm": [10.0, 12.0, 11.0], "layer cutile": [9.5, 11.6, 10.4],
+              "scan mamba_ssm": [1.0, 1.2, 1.1], "scan cutile": [0.5, 0.7, 0.6]}
+    assert kept_saving(rounds) == pytest.approx(0.5 / 0.5)
+    slower = dict(rounds, **{"scan cutile": [1.1, 1.3, 1.2]})
+    assert kept_saving(slower) == -math.inf
