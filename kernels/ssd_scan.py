@@ -50,6 +50,10 @@ CHOICES = tuple(Choice(h, o, p, w) for h in HEADS for o in OCCUPANCIES for p in 
 RULES_CHOICE = Choice(1, 2, 64, None)
 FEW_PROGRAMS_CHOICE = Choice(1, 1, 64, 8)
 FEW_PROGRAMS_DTYPES = ("bfloat16", "float16")
+# a token block's last dA_cumsum is the minimum of its tile (a reduction, no load) in programs
+# of these worker warps (the compiler's count), loaded in the others (eight warps: the
+# reduction slows their step); DECISIONS.md "ssd_scan: program"
+LAST_BY_MIN_WARPS = (None,)
 BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
 # the scan runs (ssd_forward) where its grid has SCAN_MIN_WAVES programs per SM or more (each
 # runs through the whole sequence: a smaller grid leaves SMs idle, where fwd_pass_state takes
@@ -71,8 +75,8 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
                      HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
                      D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool],
                      CHECK_D: ct.Constant[bool], HAS_INITIAL_STATES: ct.Constant[bool],
-                     HAS_SEQ_IDX: ct.Constant[bool], GUARD: ct.Constant[bool],
-                     REDO: ct.Constant[bool]):
+                     HAS_SEQ_IDX: ct.Constant[bool], LAST_BY_MIN: ct.Constant[bool],
+                     GUARD: ct.Constant[bool], REDO: ct.Constant[bool]):
     """One program: y and the final state of BLOCK_P headdim columns of HEADS heads of one group
     and batch, token block by token block; grid (headdim blocks, nheads / HEADS, batch).
     GUARD (float16 inputs): FLOAT16_RANGE into the error word where a product's result is not
@@ -186,10 +190,15 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
             ct.store(y, (i_b, i_t, i_h, i_p),
                      ct.reshape(ct.transpose(acc), (1, BLOCK_T, 1, BLOCK_P)).astype(y.dtype))
             # the state after the block: a_last is dA_cumsum at its last token (flat over a
-            # short chunk's padding, whose x and B are zero)
-            a_last = ct.reshape(
-                ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc * BLOCK_T + BLOCK_T - 1),
-                        shape=(1, 1, 1, 1)), (1, 1))  # [1, 1]
+            # short chunk's padding, whose x and B are zero). LAST_BY_MIN: the minimum of a_t,
+            # the same value (dA_cumsum never rises within a chunk: dt_out >= 0, A < 0),
+            # without a load; else loaded
+            if LAST_BY_MIN:
+                a_last = ct.min(a_t, axis=1, keepdims=True)  # [1, 1]
+            else:
+                a_last = ct.reshape(
+                    ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc * BLOCK_T + BLOCK_T - 1),
+                            shape=(1, 1, 1, 1)), (1, 1))  # [1, 1]
             carry = ct.exp2(ct.minimum(a_last - a_befores[i_k], 0.0))
             w = dt_s * ct.exp2(ct.minimum(a_last - a_s, 0.0))  # [s, 1], scales x's rows
             if HAS_SEQ_IDX:
@@ -317,7 +326,7 @@ def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, 
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
             final_states, errors, int(dt_out.shape[3]), block_t, block_p, dstate_tile,
             choice.heads, D is not None, D is not None and len(D.shape) == 2, z is not None)
-    options = (initial_states is not None, seg is not None)
+    options = (initial_states is not None, seg is not None, choice.warps in LAST_BY_MIN_WARPS)
     args = (*head, D is not None and check_D, *options, guarded, False)
     if needs_int64(*args):
         raise ValueError("ssd_scan: an array of 2^31 elements or more (int32 indices only)")

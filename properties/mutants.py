@@ -51,6 +51,11 @@ CATALOGUE = [
            "new_states += (ct.mma(mma_operand(xw, products), Bt, states[i_k] * carry),)",
            "new_states += (ct.mma(mma_operand(xw, products), Bt, states[i_k]),)",
            "the scan: the state is carried to the next token block without its decay"),
+    Mutant("scan_block_end_by_max", "kernels/ssd_scan.py",
+           "a_last = ct.min(a_t, axis=1, keepdims=True)  # [1, 1]",
+           "a_last = ct.max(a_t, axis=1, keepdims=True)  # [1, 1]",
+           "the scan: a token block's last dA_cumsum taken as its tile's maximum (its first "
+           "token's) instead of its minimum"),
     Mutant("varlen_state_one_token_early", "kernels/ssd_varlen.py",
            "inside = t < end  # padding",
            "inside = t < end - 1  # padding",

@@ -287,10 +287,16 @@ def test_every_kernel_object_is_compiled_with_every_option():
                 if isinstance(arg, bool):
                     seen.setdefault((name, param), set()).add(arg)
     assert seen, "no boolean specialization found"
+    assert {v for (name, param), values in seen.items() if param == "LAST_BY_MIN"
+            for v in values} == {False, True}
     for (name, param), values in seen.items():
         if param == "HAS_CU_SEQLENS" and name.endswith("_int64"):
             # a packed row runs with int32 indices only (its launches refuse 2^31 elements)
             assert values == {False}, f"{name}: {param} compiled as {values}"
+        elif param == "LAST_BY_MIN":
+            # ssd_scan's: fixed by the object's worker warps (LAST_BY_MIN_WARPS), so each object
+            # compiles one value and the scan's objects both
+            assert len(values) == 1, f"{name}: {param} compiled as {values}"
         else:
             assert values == {False, True}, f"{name}: {param} only compiled as {values}"
 
