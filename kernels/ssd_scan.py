@@ -51,9 +51,11 @@ RULES_CHOICE = Choice(1, 2, 64, None)
 FEW_PROGRAMS_CHOICE = Choice(1, 1, 64, 8)
 FEW_PROGRAMS_DTYPES = ("bfloat16", "float16")
 # a token block's last dA_cumsum is the minimum of its tile (a reduction, no load) in programs
-# of these worker warps (the compiler's count), loaded in the others (eight warps: the
-# reduction slows their step); DECISIONS.md "ssd_scan: program"
+# of these worker warps (the compiler's count) on these inputs, loaded in the others (eight
+# warps: the reduction slows their step; float32: not measured yet); DECISIONS.md "ssd_scan:
+# program"
 LAST_BY_MIN_WARPS = (None,)
+LAST_BY_MIN_DTYPES = ("bfloat16", "float16")
 BLOCK_T = 64  # tokens per step (a shorter chunk is one step)
 # the scan runs (ssd_forward) where its grid has SCAN_MIN_WAVES programs per SM or more (each
 # runs through the whole sequence: a smaller grid leaves SMs idle, where fwd_pass_state takes
@@ -326,7 +328,8 @@ def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, 
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
             final_states, errors, int(dt_out.shape[3]), block_t, block_p, dstate_tile,
             choice.heads, D is not None, D is not None and len(D.shape) == 2, z is not None)
-    options = (initial_states is not None, seg is not None, choice.warps in LAST_BY_MIN_WARPS)
+    last_by_min = choice.warps in LAST_BY_MIN_WARPS and dtype_name(x) in LAST_BY_MIN_DTYPES
+    options = (initial_states is not None, seg is not None, last_by_min)
     args = (*head, D is not None and check_D, *options, guarded, False)
     if needs_int64(*args):
         raise ValueError("ssd_scan: an array of 2^31 elements or more (int32 indices only)")
