@@ -52,7 +52,7 @@ FEW_PROGRAMS_CHOICE = Choice(1, 1, 64, 8)
 FEW_PROGRAMS_DTYPES = ("bfloat16", "float16")
 # a token block's last dA_cumsum is the minimum of its tile (a reduction, no load) in programs
 # of these worker warps (the compiler's count) on these inputs, loaded in the others (eight
-# warps: the reduction slows their step; float32: not measured yet); DECISIONS.md "ssd_scan:
+# warps, or float32 operands: there the reduction slows the step); DECISIONS.md "ssd_scan:
 # program"
 LAST_BY_MIN_WARPS = (None,)
 LAST_BY_MIN_DTYPES = ("bfloat16", "float16")
