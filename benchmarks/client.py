@@ -8,13 +8,14 @@ grad) on one input, with its `mamba_chunk_scan_combined` mamba_ssm's and with ou
 (kernels.ssd_combined, patched into mamba_ssm.modules.mamba2), each layer timed whole, and both
 scans alone on the layer's real call (its arguments as the layer passed them, captured: views
 of one projection, the parameters' dtypes); the four calls take turns in each round
-(rounds_ms). Printed: each call's argument layouts and our plan's copies, the times (median ms
-of the rounds, L2 flushed, host hidden), the saving the layer keeps of the scans' own (`kept`:
-the median of each round's paired savings, kept_saving), and our outputs on the real call checked
-against the float64 reference within their bounds (properties.bounds): y of the call's first
-CHECK_TOKENS tokens of batch element 0 (y is causal: the same as the prefix's) and the final
-state of that prefix called alone (the same views, sliced). Exit 1 if a check fails or a
-target misses: the layer faster with our scan on every row, keeping >= KEEP_MIN of the saving.
+(benchmarks.peers.rounds_ms). Printed: each call's argument layouts and our plan's copies, the
+times (median ms of the rounds, L2 flushed, host hidden), the saving the layer keeps of the
+scans' own (`kept`: the median of each round's paired savings, kept_saving), and our outputs on
+the real call checked against the float64 reference within their bounds (properties.bounds): y
+of the call's first CHECK_TOKENS tokens of batch element 0 (y is causal: the same as the
+prefix's) and the final state of that prefix called alone (the same views, sliced). Exit 1 if a
+check fails or a target misses: the layer faster with our scan on every row, keeping >=
+KEEP_MIN of the saving.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import statistics
 
 import numpy as np
 
-from benchmarks.peers import FLUSH_BYTES, SLEEP_CYCLES
+from benchmarks.peers import rounds_ms
 
 # the layers: (Mamba2 keyword arguments, batch, seqlen); they differ in the gate (RMSNorm-gated
 # or z into the scan), D (per head, per channel), dt_limit and groups
@@ -42,30 +43,6 @@ CONFIGS = {
 DTYPES = ("float32", "bfloat16")
 KEEP_MIN = 0.8  # of the scans' own saving, the layer keeps at least this
 CHECK_TOKENS = 512  # tokens of the checked prefix (two chunks at least: a state handed on)
-
-
-def rounds_ms(calls: dict, reps: int) -> dict:
-    """{name: [ms of each round]} of the named calls, timed in turn within each of `reps`
-    rounds (each call behind an L2 flush and a GPU sleep, as benchmarks.peers.gpu_ms), so that
-    a drift of the GPU's clocks between rounds shifts every call alike and a round's
-    differences stay paired."""
-    import torch
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    for call in calls.values():
-        call()
-    torch.cuda.synchronize()
-    events = {name: [] for name in calls}
-    for _ in range(reps):
-        for name, call in calls.items():
-            flush.zero_()
-            torch.cuda._sleep(SLEEP_CYCLES)
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            call()
-            end.record()
-            events[name].append((start, end))
-    torch.cuda.synchronize()
-    return {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
 
 
 def kept_saving(rounds: dict) -> float:

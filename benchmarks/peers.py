@@ -46,23 +46,32 @@ def fla_core(chunk_simple_gla, q, k, v, g):
     return chunk_simple_gla(q, k, v, g=g, scale=1.0, output_final_state=True)
 
 
-def gpu_ms(fn, reps: int) -> float:
-    """Median ms of fn() over reps rounds, each behind an L2 flush and a GPU sleep."""
+def rounds_ms(calls: dict, reps: int) -> dict:
+    """{name: [ms of each round]} of the named calls, timed in turn within each of `reps`
+    rounds, each call behind an L2 flush and a GPU sleep (host time hidden): a drift of the
+    GPU's clocks between rounds shifts every call alike, so a round's differences stay paired."""
     import torch
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    fn()
+    for call in calls.values():
+        call()
     torch.cuda.synchronize()
-    events = []
+    events = {name: [] for name in calls}
     for _ in range(reps):
-        flush.zero_()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        events.append((start, end))
+        for name, call in calls.items():
+            flush.zero_()
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            call()
+            end.record()
+            events[name].append((start, end))
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
+    return {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
+
+
+def gpu_ms(fn, reps: int) -> float:
+    """Median ms of fn() over reps rounds, each behind an L2 flush and a GPU sleep."""
+    return statistics.median(rounds_ms({"fn": fn}, reps)["fn"])
 
 
 def row_tensors(config, dtype: str) -> dict:
