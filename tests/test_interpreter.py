@@ -832,6 +832,80 @@ def test_races_between_programs_raise():
         launch((2,), _read_neighbour_kernel, (nan_like(np.zeros(12)),))
 
 
+@ct.kernel
+def _handoff_kernel(y, ready):
+    """Program i waits for program i - 1's flag (consuming it), adds 1 to the value it stored,
+    stores its own and sets its flag: a chain ordered by acquire and release."""
+    i = ct.bid(0)
+    got = ct.zeros((4,), dtype=ct.float32)
+    for _ in range(ct.where(i > 0, 1, 0)):
+        flag = ct.atomic_cas(ready, i - 1, 1, 0, memory_order=ct.MemoryOrder.ACQUIRE)
+        while flag != 1:
+            flag = ct.atomic_cas(ready, i - 1, 1, 0, memory_order=ct.MemoryOrder.ACQUIRE)
+        got = ct.load(y, (i - 1,), shape=(4,), allow_tma=False)
+    ct.store(y, (i,), got + 1.0, allow_tma=False)
+    ct.atomic_xchg(ready, i, 1, memory_order=ct.MemoryOrder.RELEASE)
+
+
+@ct.kernel
+def _flag_read_kernel(y, ready, ACQUIRE: ct.Constant[bool]):
+    """Program 1 stores tile 1 and releases its flag; program 0 takes the flag (acquiring it, or
+    relaxed: then nothing orders the store before its read) and reads tile 1."""
+    i = ct.bid(0)
+    for _ in range(ct.where(i == 1, 1, 0)):
+        ct.store(y, (1,), ct.full((4,), 1.0, dtype=ct.float32), allow_tma=False)
+        ct.atomic_xchg(ready, 1, 1, memory_order=ct.MemoryOrder.RELEASE)
+    for _ in range(ct.where(i == 0, 1, 0)):
+        order = ct.MemoryOrder.ACQUIRE if ACQUIRE else ct.MemoryOrder.RELAXED
+        ct.atomic_cas(ready, 1, 1, 0, memory_order=order)
+        ct.store(y, (0,), ct.load(y, (1,), shape=(4,), allow_tma=False) + 1.0)
+
+
+@ct.kernel
+def _wait_forever_kernel(ready):
+    """Program 0 waits for a flag no program sets."""
+    flag = ct.atomic_cas(ready, 1, 1, 0, memory_order=ct.MemoryOrder.ACQUIRE)
+    while flag != 1:
+        flag = ct.atomic_cas(ready, 1, 1, 0, memory_order=ct.MemoryOrder.ACQUIRE)
+
+
+@ct.kernel
+def _store_then_wait_kernel(y, ready):
+    """Each program stores, then program 1 waits for program 0's flag."""
+    i = ct.bid(0)
+    ct.store(y, (i,), ct.full((4,), 1.0, dtype=ct.float32))
+    for _ in range(ct.where(i > 0, 1, 0)):
+        flag = ct.atomic_cas(ready, 0, 1, 0, memory_order=ct.MemoryOrder.ACQUIRE)
+        while flag != 1:
+            flag = ct.atomic_cas(ready, 0, 1, 0, memory_order=ct.MemoryOrder.ACQUIRE)
+    ct.atomic_xchg(ready, i, 1, memory_order=ct.MemoryOrder.RELEASE)
+
+
+def test_acquire_release_handoff_runs_waiting_programs_after_their_flag():
+    # programs run in reverse order: each waits, and runs again once its predecessor has set
+    # its flag; every flag a successor consumed is back to 0, the last one stays set
+    y, ready = nan_like(np.zeros(20)), np.zeros(5, np.int32)
+    launch((5,), _handoff_kernel, (y, ready))
+    np.testing.assert_array_equal(y.reshape(5, 4), np.arange(1, 6, dtype=np.float32)[:, None]
+                                  * np.ones((1, 4), np.float32))
+    np.testing.assert_array_equal(ready, [0, 0, 0, 0, 1])
+
+
+def test_only_an_acquire_orders_another_programs_store_before_a_read():
+    y = nan_like(np.zeros(8))
+    launch((2,), _flag_read_kernel, (y, np.zeros(2, np.int32), True))
+    np.testing.assert_array_equal(y, [2.0] * 4 + [1.0] * 4)
+    with pytest.raises(RuntimeError, match="reads elements that program 1"):
+        launch((2,), _flag_read_kernel, (nan_like(np.zeros(8)), np.zeros(2, np.int32), False))
+
+
+def test_a_wait_no_program_ends_raises_instead_of_hanging():
+    with pytest.raises(RuntimeError, match=r"waits for ready\[1\] == 1, which no program"):
+        launch((1,), _wait_forever_kernel, (np.zeros(2, np.int32),))
+    with pytest.raises(RuntimeError, match="waits on an element after storing"):
+        launch((2,), _store_then_wait_kernel, (nan_like(np.zeros(8)), np.zeros(2, np.int32)))
+
+
 def test_reads_of_unwritten_allocations_raise():
     """An array the launchers allocate (Backend.empty, under track_writes: on in every test)
     may be read only where a program stored: a load of an unwritten element names the kernel,
@@ -912,6 +986,7 @@ COMPILED = {
     "causal_decay": (_causal_decay_kernel, [_array(ct.float32, 1), _array(ct.float32, 2), 16]),
     "loop": (_loop_kernel, [_array(ct.float32, 1), _array(ct.float32, 1),
                             ScalarConstraint(ct.int32), 8]),
+    "handoff": (_handoff_kernel, [_array(ct.float32, 1), _array(ct.int32, 1)]),
 }
 
 

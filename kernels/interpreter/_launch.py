@@ -33,7 +33,7 @@ _OP_NAMES = (
     "astile", "reshape", "permute", "transpose", "expand_dims", "broadcast_to", "extract",
     "insert", "cat", "sum", "prod", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "scan",
     "static_assert", "assert_", "static_eval", "static_iter", "ensure_constant",
-    "assume_divisible_by", "atomic_or", "gather", "scatter",
+    "assume_divisible_by", "atomic_or", "atomic_xchg", "atomic_cas", "gather", "scatter",
 )
 
 # Names of cuda.tile that are not operations: dtypes, enums, annotations, decorators, errors.
@@ -215,7 +215,10 @@ def launch(grid, kernel, args) -> None:
     values of `ct.Constant` parameters. Programs run one after the other, in reverse order of
     their linear block id. The GPU promises no order: a program that loads what another program
     of the same launch stored, or two programs storing different values to one element, raise
-    RuntimeError here (see `Writers`).
+    RuntimeError here (see `Writers`), unless an acquire of the loading program read what a
+    release of the storing one wrote. A program whose acquiring compare-and-swap waits
+    (_state.Blocked) runs again from its start once another program has set the element; one
+    still waiting when every other program has ended raises RuntimeError (a hang on the GPU).
     """
     pyfunc = getattr(kernel, "_pyfunc", None)
     if pyfunc is None:
@@ -230,15 +233,39 @@ def launch(grid, kernel, args) -> None:
     func = _Rebinder().function(pyfunc)
     g = _grid(grid)
     programs = list(itertools.product(range(g[2]), range(g[1]), range(g[0])))
+    _state.new_launch()
+    waiting = []  # (program, _state.Blocked): those whose acquire found its flag unset
     with np.errstate(all="ignore"):
-        for z, y, x in reversed(programs):
-            _state.enter(g, (x, y, z), pyfunc.__name__)
-            try:
-                if func(*wrapped) is not None:
-                    raise TypeError(f"kernel {pyfunc.__name__} returned a value")
-            except Exception as e:
-                e.add_note(f"(in program bid=({x}, {y}, {z}) of grid {g}, run by the CPU "
-                           "interpreter)")
-                raise
-            finally:
-                _state.leave()
+        for program in reversed(programs):
+            blocked = _run_program(func, wrapped, g, program, pyfunc.__name__)
+            if blocked is not None:
+                waiting.append((program, blocked))
+                continue
+            # a program ran to its end: run again, from their start, those it let through
+            while ready := [w for w in waiting if w[1].holds()]:
+                for w in ready:
+                    waiting.remove(w)
+                    again = _run_program(func, wrapped, g, w[0], pyfunc.__name__)
+                    if again is not None:
+                        waiting.append((w[0], again))
+    if waiting:
+        (z, y, x), blocked = waiting[0]
+        raise RuntimeError(f"{pyfunc.__name__}: program bid=({x}, {y}, {z}) {blocked}, which no "
+                           "program of the launch sets: on the GPU it would spin forever")
+
+
+def _run_program(func, wrapped, g, program, name) -> _state.Blocked | None:
+    """Run one program from its start; the Blocked wait that stopped it, or None."""
+    z, y, x = program
+    _state.enter(g, (x, y, z), name)
+    try:
+        if func(*wrapped) is not None:
+            raise TypeError(f"kernel {name} returned a value")
+    except _state.Blocked as blocked:
+        return blocked
+    except Exception as e:
+        e.add_note(f"(in program bid=({x}, {y}, {z}) of grid {g}, run by the CPU interpreter)")
+        raise
+    finally:
+        _state.leave()
+    return None

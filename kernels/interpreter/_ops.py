@@ -795,6 +795,8 @@ def _check_no_foreign_writes(array: Array, perm, src, what="load"):
     ids = np.transpose(ids, perm)[src]
     me = _state.program_id()
     foreign = (ids >= 0) & (ids != me)
+    if foreign.any() and _state.seen():  # those a release it acquired published are fine
+        foreign &= ~np.isin(ids, list(_state.seen()))
     if foreign.any():
         raise RuntimeError(f"{what}: this program ({me}) reads elements that program "
                            f"{int(ids[foreign].flat[0])} stored in the same launch: the result "
@@ -831,6 +833,7 @@ def _mark_written(array: Array, perm, src):
 
 
 def _record_store(array: Array, perm, src, view, values):
+    _state.note_store()
     ids = np.transpose(array.writers(create=True), perm)[src]
     me = _state.program_id()
     foreign = (ids >= 0) & (ids != me)
@@ -955,6 +958,7 @@ def scatter(array, indices, value, /, *, mask=None, check_bounds=True, latency=N
     if len(np.unique(flat)) != len(flat):
         raise RuntimeError("scatter: two elements go to the same place: the result depends on "
                            "the order of threads on the GPU")
+    _state.note_store()
     ids = array.writers(create=True)
     me = _state.program_id()
     old, new = array._a[at], values[put]
@@ -971,6 +975,38 @@ def scatter(array, indices, value, /, *, mask=None, check_bounds=True, latency=N
     array._a[at] = new
 
 
+def _atomic_elements(array, indices, values, check_bounds, what):
+    """(the in-bounds elements' index tuples, their values) of an element-wise atomic: indices
+    a tuple of one integer tile or scalar per axis (or one for a 1-d array), broadcast together
+    with `values`; out-of-bounds elements are skipped with check_bounds, an IndexError
+    without; and the shape of the result."""
+    if not isinstance(indices, tuple):
+        indices = (indices,)
+    if len(indices) != array.ndim:
+        raise TypeError(f"{what}: {len(indices)} indices for an array of rank {array.ndim}")
+    idx = [np.asarray(i._a if isinstance(i, Tile) else i, dtype=np.int64) for i in indices]
+    *idx, values = np.broadcast_arrays(*idx, values)
+    inside = np.ones(values.shape, dtype=bool)
+    for i, n in zip(idx, array._a.shape):
+        inside &= (i >= 0) & (i < n)
+    if not check_bounds and not inside.all():
+        raise IndexError(f"{what}: index out of bounds with check_bounds=False")
+    flat_idx = [i.reshape(-1) for i in idx]
+    keep = np.flatnonzero(inside.reshape(-1))
+    ats = [tuple(int(i[k]) for i in flat_idx) for k in keep]
+    return ats, keep, values.reshape(-1), values.shape
+
+
+def _address(array, at: tuple) -> int:
+    """An element's address in memory: its identity across views of one allocation."""
+    a = array._a
+    return a.__array_interface__["data"][0] + builtins.sum(i * st for i, st in zip(at, a.strides))
+
+
+_ACQUIRING = (ct.MemoryOrder.ACQUIRE, ct.MemoryOrder.ACQ_REL)
+_RELEASING = (ct.MemoryOrder.RELEASE, ct.MemoryOrder.ACQ_REL)
+
+
 def atomic_or(array, indices, update, /, *, check_bounds=True,
               memory_order=ct.MemoryOrder.ACQ_REL, memory_scope=ct.MemoryScope.DEVICE):
     """Element-wise atomic OR of integer `update` into array[indices] (indices: a tuple of one
@@ -981,28 +1017,66 @@ def atomic_or(array, indices, update, /, *, check_bounds=True,
     array = _array(array, "atomic_or")
     if not is_integral(array.dtype):
         raise TypeError(f"atomic_or: needs an integer array, got {array.dtype}")
-    if not isinstance(indices, tuple):
-        indices = (indices,)
-    if len(indices) != array.ndim:
-        raise TypeError(f"atomic_or: {len(indices)} indices for an array of rank {array.ndim}")
-    idx = [np.asarray(i._a if isinstance(i, Tile) else i, dtype=np.int64) for i in indices]
-    values = as_storage(update, array.dtype)
-    *idx, values = np.broadcast_arrays(*idx, values)
-    inside = np.ones(values.shape, dtype=bool)
-    for i, n in zip(idx, array._a.shape):
-        inside &= (i >= 0) & (i < n)
-    if not check_bounds and not inside.all():
-        raise IndexError("atomic_or: index out of bounds with check_bounds=False")
-    shape = values.shape
-    flat_idx = [i.reshape(-1) for i in idx]
-    flat_values, flat_inside = values.reshape(-1), inside.reshape(-1)
-    old = np.zeros(flat_values.shape, dtype=array._a.dtype)
-    for k in np.flatnonzero(flat_inside):
-        at = tuple(int(i[k]) for i in flat_idx)
+    ats, keep, values, shape = _atomic_elements(array, indices, as_storage(update, array.dtype),
+                                                check_bounds, "atomic_or")
+    old = np.zeros(values.shape, dtype=array._a.dtype)
+    for k, at in zip(keep, ats):
         old[k] = array._a[at]
-        array._a[at] |= flat_values[k]
-    old = old.reshape(shape)
-    return Tile(old, array.dtype)
+        array._a[at] |= values[k]
+    return Tile(old.reshape(shape), array.dtype)
+
+
+def atomic_xchg(array, indices, update, /, *, check_bounds=True,
+                memory_order=ct.MemoryOrder.ACQ_REL, memory_scope=ct.MemoryScope.DEVICE):
+    """Element-wise atomic exchange: array[indices] = update, the old values returned (0 for
+    skipped out-of-bounds elements). A releasing order publishes the program's stores to an
+    acquire that reads the new value."""
+    array = _array(array, "atomic_xchg")
+    ats, keep, values, shape = _atomic_elements(array, indices, as_storage(update, array.dtype),
+                                                check_bounds, "atomic_xchg")
+    _state.note_store()
+    old = np.zeros(values.shape, dtype=array._a.dtype)
+    for k, at in zip(keep, ats):
+        old[k] = array._a[at]
+        array._a[at] = values[k]
+        if memory_order in _RELEASING:
+            _state.release(_address(array, at))
+    return Tile(old.reshape(shape), array.dtype)
+
+
+def atomic_cas(array, indices, expected, desired, /, *, check_bounds=True,
+               memory_order=ct.MemoryOrder.ACQ_REL, memory_scope=ct.MemoryScope.DEVICE):
+    """Element-wise atomic compare-and-swap: where array[indices] == expected it becomes
+    desired; the old values are returned (`expected` for skipped out-of-bounds elements).
+
+    An acquiring CAS that finds an element unlike `expected` is a wait (on the GPU the program
+    spins on it until another program sets it): before any element changes, it raises
+    _state.Blocked, and the launch runs the program again from its start once another program
+    has set the element (a program that has stored before cannot be run again: RuntimeError).
+    An acquire that reads a released value may then read the releasing program's stores."""
+    array = _array(array, "atomic_cas")
+    want = as_storage(expected, array.dtype)
+    ats, keep, values, shape = _atomic_elements(array, indices, as_storage(desired, array.dtype),
+                                                check_bounds, "atomic_cas")
+    want = np.broadcast_to(want, shape).reshape(-1)
+    old = want.copy()
+    for k, at in zip(keep, ats):
+        old[k] = array._a[at]
+    if memory_order in _ACQUIRING:
+        for k, at in zip(keep, ats):
+            if old[k] != want[k]:
+                if _state.stored():
+                    raise RuntimeError("atomic_cas: this program waits on an element after "
+                                       "storing: the interpreter cannot run it again")
+                raise _state.Blocked(array, at, want[k])
+            _state.acquire(_address(array, at))
+    for k, at in zip(keep, ats):
+        if old[k] == want[k]:
+            _state.note_store()
+            array._a[at] = values[k]
+            if memory_order in _RELEASING:
+                _state.release(_address(array, at))
+    return Tile(old.reshape(shape), array.dtype)
 
 
 def num_tiles(array, /, axis, shape, order="C"):

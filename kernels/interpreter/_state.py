@@ -42,8 +42,60 @@ def kernel_name() -> str:
 
 
 def enter(grid, bid, kernel: str = ""):
-    global _grid, _bid, _kernel
+    global _grid, _bid, _kernel, _stored, _seen
     _grid, _bid, _kernel = grid, bid, kernel
+    _stored, _seen = False, set()
+
+
+class Blocked(Exception):
+    """Raised by an acquiring compare-and-swap that finds its element unlike `expected`: on the
+    GPU the program spins until another program sets it; the interpreter runs the program again
+    once one has (kernels.interpreter._launch.launch). `array` is the cuTile Array, `at` the
+    element's index in it."""
+
+    def __init__(self, array, at: tuple, expected):
+        super().__init__(f"waits for {array.name}{list(at)} == {expected}")
+        self.array, self.at, self.expected = array, at, expected
+
+    def holds(self) -> bool:
+        return bool(self.array._a[self.at] == self.expected)
+
+
+# Within one program: whether it has stored anything (a program that waits after a store cannot
+# be run again from its start), and the programs whose stores it may read: those whose release
+# its acquire read, and the programs they could read in turn.
+_stored = False
+_seen = set()
+# Within one launch: the programs a release at an element's address publishes.
+_released = {}
+
+
+def new_launch():
+    _released.clear()
+
+
+def note_store():
+    global _stored
+    _stored = True
+
+
+def stored() -> bool:
+    return _stored
+
+
+def seen() -> set:
+    return _seen
+
+
+def release(address: int):
+    """The current program's stores, and those it has seen, become visible to an acquire that
+    reads what it wrote at `address`."""
+    _released[address] = frozenset(_seen | {program_id()})
+
+
+def acquire(address: int):
+    """The current program read a value released at `address`."""
+    _seen.update(_released.get(address, ()))
 
 
 def leave():
