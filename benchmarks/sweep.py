@@ -25,8 +25,8 @@ choices (any the shape can run) after the rules'; kernels it names no choice of 
 Choices are labelled by their fields in order: `h16` (chunk_cumsum: block_h),
 `in_order/k128/p64/n128/occ2/pass32` (fwd_pass_state: mode, block_k, block_p, block_n, occupancy,
 "default" for the compiler's, pass_block), `whole_chunks/h2/occ2/t64` (compute_out: layout,
-heads, occupancy, block_t), `scan_h1/occ2/p64/wdefault` (ssd_scan: heads, occupancy, block_p,
-worker warps).
+heads, occupancy, block_t), `scan_h1/occ2/p64/wdefault/seg0` (ssd_scan: heads, occupancy, block_p,
+worker warps, segments).
 
 Each choice's outputs are compared with the rules' choice's: rel = max |diff| / max |reference|
 (inf where a NaN appears; the outputs are NaN-filled before the launch; TF32 rounding moves them
@@ -82,7 +82,7 @@ LABEL_PREFIXES = {
     "chunk_cumsum": ("h",),  # block_h
     "fwd_pass_state": ("", "k", "p", "n", "occ", "pass"),  # mode, block_k/p/n, occupancy, pass
     "compute_out": ("", "h", "occ", "t"),  # layout, heads, occupancy, block_t
-    "ssd_scan": ("scan_h", "occ", "p", "w"),  # heads, occupancy, block_p, worker warps
+    "ssd_scan": ("scan_h", "occ", "p", "w", "seg"),  # heads, occupancy, block_p, warps, segments
 }
 # each kernel's outputs (NaN-filled before every launch, compared with the reference's)
 OUTPUTS = {"chunk_cumsum": ("dt_out", "dA_cumsum"),
@@ -199,12 +199,20 @@ def launches_of(kernel: str, mod, a: dict, sm_count, choice) -> list:
         return list(mod.fwd_pass_state_launches(a["x"], a["B"], a["dt_out"], a["dA_cumsum"], None,
                                                 None, a["chunk_states"], a["final_states"],
                                                 sm_count, choice=choice))
-    if kernel == "ssd_scan":
+    if kernel == "ssd_scan":  # the segmented kernel's arrays: stand-ins, or zeros on the GPU
+        scratch = {name: StandIn(shape, "int32" if name == "ready" else "float32")
+                   if isinstance(a["x"], StandIn) else _zeros(shape, name == "ready")
+                   for name, shape in mod.scan_scratch(a["x"], a["B"], choice).items()}
         return mod.ssd_scan_launches(a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], None,
                                      a["D"], None, None, a["y"], a["final_states"], sm_count,
-                                     choice, errors=a["errors"], check_D=False)
+                                     choice, errors=a["errors"], check_D=False, **scratch)
     return [mod.compute_out_launch(*compute_out_arrays(a), sm_count, choice=choice,
                                    errors=a["errors"], check_D=False)]
+
+
+def _zeros(shape, int32: bool):
+    import cupy
+    return cupy.zeros(shape, cupy.int32 if int32 else cupy.float32)
 
 
 def compute_out_arrays(a: dict) -> tuple:

@@ -103,7 +103,8 @@ class Backend:
         `copies` copied C-contiguous (the plan found the kernels cannot read them in place);
         seq_idx's segment ids as "seg", or, for a packed row (`offsets`: its seqlen, the
         offsets' bound), `cu_seqlens` as int32 offsets; and `outputs` allocated: (name, shape,
-        like_x) each, in x's dtype where like_x, else float32."""
+        like_x) each, in x's dtype where like_x is True, int32 where it is "int32", else
+        float32."""
         arrays = dict(inputs)
         for name in copies:
             arrays[name] = self._contiguous(arrays[name])
@@ -112,7 +113,10 @@ class Backend:
         else:
             arrays["cu_seqlens"] = self.offsets_int32(cu_seqlens, offsets)
         for name, shape, like_x in outputs:
-            arrays[name] = self.empty(shape, like=arrays["x"] if like_x else None)
+            if like_x == "int32":
+                arrays[name] = self._empty(shape, self.xp.int32)
+            else:
+                arrays[name] = self.empty(shape, like=arrays["x"] if like_x else None)
         return arrays
 
     def empty(self, shape: tuple[int, ...], like=None):
@@ -150,9 +154,10 @@ class _NumpyApi:
     def _contiguous(self, a):
         return self.xp.ascontiguousarray(a)
 
-    def zeros(self, shape: tuple[int, ...]):
-        """A new float32 array of zeros (written: never a read of unwritten memory)."""
-        return self.xp.zeros(shape, dtype=self.xp.float32)
+    def zeros(self, shape: tuple[int, ...], dtype: str = "float32"):
+        """A new array of zeros, float32 or int32 (written: never a read of unwritten
+        memory)."""
+        return self.xp.zeros(shape, dtype=getattr(self.xp, dtype))
 
     def offsets_int32(self, a, limit: int):
         """Integer offsets `a` as a C-contiguous int32 array of the same kind, converted on its
@@ -302,8 +307,8 @@ class TorchBackend(_GpuBackend):
     def _empty(self, shape, dtype):
         return self.xp.empty(shape, dtype=dtype, device=f"cuda:{self.device}")
 
-    def zeros(self, shape: tuple[int, ...]):
-        return self.xp.zeros(shape, dtype=self.xp.float32, device=f"cuda:{self.device}")
+    def zeros(self, shape: tuple[int, ...], dtype: str = "float32"):
+        return self.xp.zeros(shape, dtype=getattr(self.xp, dtype), device=f"cuda:{self.device}")
 
     def offsets_int32(self, a, limit: int):
         xp = self.xp

@@ -26,6 +26,9 @@ HEADS = (1, 2)  # heads of one group per program: C B^T, which they share, is fo
 OCCUPANCIES = (2, 1)  # programs per SM (the compiler's occupancy hint)
 BLOCK_PS = (64, 32)  # headdim columns per program
 WORKER_WARPS = (None, 8)  # the compiler's num_worker_warps hint; None: its own count
+# segments of each sequence in parallel programs (the segmented kernel, SEGMENTED); 0: the
+# kernel without segments, one program through the whole sequence
+SEGMENTS = (0, 1, 4)
 
 
 class Choice(NamedTuple):
@@ -34,21 +37,25 @@ class Choice(NamedTuple):
     occupancy: int  # OCCUPANCIES
     block_p: int  # BLOCK_PS
     warps: int | None  # WORKER_WARPS
+    segments: int = 0  # SEGMENTS
 
 
 # two heads per program with eight worker warps only: at the compiler's own count, with the
 # options on (seq_idx, z, initial_states, D), tileiras 13.4 fails to compile them (SIGFPE, or
-# "Invalid use-def chain in LoopSchedule") for sm_90
+# "Invalid use-def chain in LoopSchedule") for sm_90. The segmented kernel: one head and the
+# whole headdim block per program, at the compiler's warp count
 CHOICES = tuple(Choice(h, o, p, w) for h in HEADS for o in OCCUPANCIES for p in BLOCK_PS
-                for w in WORKER_WARPS if h == 1 or w is not None)
+                for w in WORKER_WARPS if h == 1 or w is not None) + tuple(
+    Choice(1, o, 64, None, s) for o in OCCUPANCIES for s in SEGMENTS if s)
 
 # The rules' pick (rules_choice): one head and Mamba-2's whole headdim per program; two programs
 # per SM (RULES_CHOICE), but where the grid has at most one program per SM, for the dtypes of
-# FEW_PROGRAMS_DTYPES, one program per SM of eight worker warps (FEW_PROGRAMS_CHOICE), whose
-# token-block step is shorter (measured for 16-bit inputs; float32's state tile spills with
-# eight); DECISIONS.md "ssd_scan: program"
+# FEW_PROGRAMS_DTYPES, one program per SM of the segmented kernel in one segment
+# (FEW_PROGRAMS_CHOICE), whose token-block step tileiras makes shorter than the kernel's without
+# segments (measured for 16-bit inputs; at one segment no flag or handed-on state is touched);
+# DECISIONS.md "ssd_scan: program"
 RULES_CHOICE = Choice(1, 2, 64, None)
-FEW_PROGRAMS_CHOICE = Choice(1, 1, 64, 8)
+FEW_PROGRAMS_CHOICE = Choice(1, 1, 64, None, 1)
 FEW_PROGRAMS_DTYPES = ("bfloat16", "float16")
 # a token block's last dA_cumsum is the minimum of its tile (a reduction, no load) in programs
 # of these worker warps (the compiler's count) on these inputs, loaded in the others (eight
@@ -71,20 +78,31 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
                      dt_out: ct.IndexedWithInt64, dA_cumsum: ct.IndexedWithInt64,
                      initial_states: ct.IndexedWithInt64, D, z: ct.IndexedWithInt64,
                      seg: ct.IndexedWithInt64, y: ct.IndexedWithInt64,
-                     final_states: ct.IndexedWithInt64, errors,
+                     final_states: ct.IndexedWithInt64, passed: ct.IndexedWithInt64,
+                     ready: ct.IndexedWithInt64, errors,
                      CHUNK: ct.Constant[int], BLOCK_T: ct.Constant[int],
                      BLOCK_P: ct.Constant[int], DSTATE: ct.Constant[int],
                      HEADS: ct.Constant[int], HAS_D: ct.Constant[bool],
                      D_PER_HEADDIM: ct.Constant[bool], HAS_Z: ct.Constant[bool],
                      CHECK_D: ct.Constant[bool], HAS_INITIAL_STATES: ct.Constant[bool],
                      HAS_SEQ_IDX: ct.Constant[bool], LAST_BY_MIN: ct.Constant[bool],
-                     GUARD: ct.Constant[bool], REDO: ct.Constant[bool]):
+                     SEGMENTED: ct.Constant[bool], GUARD: ct.Constant[bool],
+                     REDO: ct.Constant[bool]):
     """One program: y and the final state of BLOCK_P headdim columns of HEADS heads of one group
     and batch, token block by token block; grid (headdim blocks, nheads / HEADS, batch).
-    GUARD (float16 inputs): FLOAT16_RANGE into the error word where a product's result is not
-    finite. REDO: the float16 launch's second, with TF32 operands, which runs where the first
-    set FLOAT16_RANGE and else stores nothing."""
+    SEGMENTED: the grid's first axis is (segments x headdim blocks), each program one segment of
+    whole chunks of the sequence, the state entering it handed on through `passed` and `ready`
+    (kernels.ssd_scan.scan_scratch); else they are not read. GUARD (float16 inputs):
+    FLOAT16_RANGE into the error word where a product's result is not finite. REDO: the float16
+    launch's second, with TF32 operands, which runs where the first set FLOAT16_RANGE and else
+    stores nothing."""
     i_p = ct.bid(0)
+    i_s = 0  # the program's segment of the sequence, of `segments` (segment-major grid)
+    segments = 1
+    if SEGMENTED:
+        i_p = ct.bid(0) % ct.cdiv(x.shape[3], BLOCK_P)
+        i_s = ct.bid(0) // ct.cdiv(x.shape[3], BLOCK_P)
+        segments = ct.num_blocks(0) // ct.cdiv(x.shape[3], BLOCK_P)
     i_hb = ct.bid(1)  # head block: heads i_hb * HEADS ... i_hb * HEADS + HEADS - 1, one group
     i_b = ct.bid(2)
     seqlen = x.shape[1]
@@ -110,10 +128,18 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
     if REDO:
         products = ct.float32
     blocks = ct.cdiv(seqlen, BLOCK_T)
+    t_first = 0  # the segment's token blocks: t_first ... blocks - 1
+    if SEGMENTED:
+        per = ct.cdiv(ct.cdiv(seqlen, CHUNK), segments) * T_PER_CHUNK  # whole chunks
+        t_first = ct.minimum(i_s * per, blocks)
+        blocks = ct.minimum(t_first + per, blocks)
     stores = 1  # the final states' stores: none where a REDO launch has nothing to redo
+    last = 1  # whether the program's segment is the sequence's last (it stores the state)
+    if SEGMENTED:
+        last = ct.where(i_s == segments - 1, 1, 0)
     if REDO:
         redo = (ct.gather(errors, 0) & FLOAT16_RANGE) != 0
-        blocks = ct.where(redo, blocks, 0)
+        blocks = ct.where(redo, blocks, t_first)
         stores = ct.where(redo, 1, 0)
     poison = ct.zeros((1, 1), dtype=ct.int32)
     if GUARD:
@@ -138,7 +164,102 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
     cols = ct.reshape(ct.arange(BLOCK_T, dtype=ct.int32), (1, BLOCK_T))  # t
     causal = rows <= cols  # causal: s <= t
 
-    for i_t in range(blocks):
+    if SEGMENTED:
+        # Segments run in parallel. Each but the last first steps the state through its blocks
+        # from zero (its own part L, no y), then waits for the state entering it (the previous
+        # segment's `ready` flag), hands on the state leaving it, 2^(sum of its decays) times
+        # the entering one plus L, and sets its own flag; then it runs the scan's loop from the
+        # entering state. The flags are consumed (1 -> 0), so a launch leaves them as it found
+        # them: zero.
+        chain = stores  # 0 where a REDO launch has nothing to redo (no flag set, none awaited)
+        own_end = ct.where(i_s < segments - 1, blocks, t_first)
+        owns = ()  # each head's L, [BLOCK_P, DSTATE]
+        logs = ()  # each head's sum of decay exponents, [1, 1]
+        a_owns = ()
+        for _ in ct.static_iter(range(HEADS)):
+            owns += (ct.zeros((BLOCK_P, DSTATE), dtype=ct.float32),)
+            logs += (ct.zeros((1, 1), dtype=ct.float32),)
+            a_owns += (ct.zeros((1, 1), dtype=ct.float32),)
+        # 0 where a block of the segment ends in another sequence than the entering state's
+        live = ct.ones((1, 1), dtype=ct.float32)
+        seg_own = ct.zeros((1, 1), dtype=ct.int32)
+        if HAS_SEQ_IDX:  # the entering state's: that of the token before the segment
+            seg_own = ct.load(seg, (i_b, ct.minimum(ct.maximum(t_first * BLOCK_T - 1, 0),
+                                                    seqlen - 1)), shape=(1, 1))
+            seg_own = ct.where(i_s > 0, seg_own, 0)
+            seg_before = seg_own
+        for i_t in range(t_first, own_end):
+            i_c = i_t // T_PER_CHUNK
+            i_tc = i_t % T_PER_CHUNK
+            Bt = mma_operand(ct.reshape(ct.load(B, (i_b, i_t, i_g, 0),
+                                                shape=(1, BLOCK_T, 1, DSTATE),
+                                                padding_mode=ct.PaddingMode.ZERO),
+                                        (BLOCK_T, DSTATE)), products)  # [s, n]
+            if HAS_SEQ_IDX:
+                seg_t = ct.load(seg, (i_b, i_t), shape=(1, BLOCK_T),
+                                padding_mode=ct.PaddingMode.ZERO)
+                seg_last = ct.load(seg, (i_b, ct.minimum(i_t * BLOCK_T + BLOCK_T - 1,
+                                                         seqlen - 1)), shape=(1, 1))
+                live = ct.where(seg_last == seg_own, live, 0.0)
+            new_owns = ()
+            new_logs = ()
+            new_a_owns = ()
+            for i_k in ct.static_iter(range(HEADS)):
+                i_h = i_hb * HEADS + i_k
+                a_t = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc),
+                                         shape=(1, 1, 1, BLOCK_T)), (1, BLOCK_T))  # [1, t]
+                a_s = ct.reshape(a_t, (BLOCK_T, 1))  # [s, 1]
+                dt_s = ct.reshape(ct.load(dt_out, (i_b, i_h, i_c, i_tc),
+                                          shape=(1, 1, 1, BLOCK_T)), (BLOCK_T, 1))  # [s, 1]
+                xs = ct.reshape(ct.load(x, (i_b, i_t, i_h, i_p), shape=(1, BLOCK_T, 1, BLOCK_P),
+                                        padding_mode=ct.PaddingMode.ZERO), (BLOCK_T, BLOCK_P))
+                if LAST_BY_MIN:
+                    a_last = ct.min(a_t, axis=1, keepdims=True)  # [1, 1]
+                else:
+                    a_last = ct.reshape(
+                        ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc * BLOCK_T + BLOCK_T - 1),
+                                shape=(1, 1, 1, 1)), (1, 1))  # [1, 1]
+                step = ct.minimum(a_last - a_owns[i_k], 0.0)
+                carry = ct.exp2(step)
+                w = dt_s * ct.exp2(ct.minimum(a_last - a_s, 0.0))  # [s, 1]
+                if HAS_SEQ_IDX:
+                    carry = ct.where(seg_last == seg_before, carry, 0.0)
+                    w = ct.where(ct.reshape(seg_t, (BLOCK_T, 1)) == seg_last, w, 0.0)
+                xw = ct.transpose(xs.astype(ct.float32) * w)  # [P, s]
+                new_owns += (ct.mma(mma_operand(xw, products), Bt, owns[i_k] * carry),)
+                new_logs += (logs[i_k] + step,)
+                new_a_owns += (ct.where(i_tc == T_PER_CHUNK - 1, 0.0, a_last),)
+            owns = new_owns
+            logs = new_logs
+            a_owns = new_a_owns
+            if HAS_SEQ_IDX:
+                seg_before = seg_last
+        # the wait: an acquiring compare-and-swap that takes the flag (1 -> 0) once it is set;
+        # the handed-on state is read after it, and stored before the release below, without
+        # TMA (the bulk copies go through the async proxy, which acquire and release do not
+        # order)
+        for _ in range(ct.where(i_s > 0, chain, 0)):
+            got = ct.atomic_cas(ready, (i_b, i_hb, i_p, i_s - 1), 1, 0,
+                                memory_order=ct.MemoryOrder.ACQUIRE)
+            while got != 1:
+                got = ct.atomic_cas(ready, (i_b, i_hb, i_p, i_s - 1), 1, 0,
+                                    memory_order=ct.MemoryOrder.ACQUIRE)
+            entering = ()
+            for i_k in ct.static_iter(range(HEADS)):
+                entering += (ct.reshape(
+                    ct.load(passed, (i_b, i_hb * HEADS + i_k, i_s - 1, i_p, 0),
+                            shape=(1, 1, 1, BLOCK_P, DSTATE), allow_tma=False),
+                    (BLOCK_P, DSTATE)),)
+            states = entering
+        for _ in range(ct.where(i_s < segments - 1, chain, 0)):
+            for i_k in ct.static_iter(range(HEADS)):
+                leaving = states[i_k] * (ct.exp2(logs[i_k]) * live) + owns[i_k]
+                ct.store(passed, (i_b, i_hb * HEADS + i_k, i_s, i_p, 0),
+                         ct.reshape(leaving, (1, 1, 1, BLOCK_P, DSTATE)), allow_tma=False)
+            ct.atomic_xchg(ready, (i_b, i_hb, i_p, i_s), 1, memory_order=ct.MemoryOrder.RELEASE)
+        seg_before = seg_own
+
+    for i_t in range(t_first, blocks):
         i_c = i_t // T_PER_CHUNK
         i_tc = i_t % T_PER_CHUNK  # the block's position in its chunk
         Bt_in = ct.reshape(ct.load(B, (i_b, i_t, i_g, 0), shape=(1, BLOCK_T, 1, DSTATE),
@@ -219,8 +340,9 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
         if GUARD:
             flags = ct.max(poison)
         for i_k in ct.static_iter(range(HEADS)):
-            ct.store(final_states, (i_b, i_hb * HEADS + i_k, i_p, 0),
-                     ct.reshape(states[i_k], (1, 1, BLOCK_P, DSTATE)))
+            for _ in range(last):
+                ct.store(final_states, (i_b, i_hb * HEADS + i_k, i_p, 0),
+                         ct.reshape(states[i_k], (1, 1, BLOCK_P, DSTATE)))
             if HAS_D:
                 report_D(errors, skips[i_k], CHECK_D)
             if GUARD:
@@ -292,16 +414,34 @@ def ssd_scan_choices(x, B) -> list[Choice]:
     per_group, headdim = int(x.shape[2]) // int(B.shape[2]), int(x.shape[3])
     found, launches = [], set()
     for c in CHOICES:
-        launch = (c.heads, c.occupancy, c.warps, pow2_tile(headdim, lo=MMA_MIN, hi=c.block_p))
+        launch = (c.heads, c.occupancy, c.warps, pow2_tile(headdim, lo=MMA_MIN, hi=c.block_p),
+                  c.segments)
         if per_group % c.heads == 0 and launch not in launches:
             launches.add(launch)
             found.append(c)
     return found
 
 
+def scan_scratch(x, B, choice: Choice) -> dict:
+    """{name: shape} of the arrays a launch of the segmented kernel hands its states on
+    through ({} for the kernel without segments): `passed`, float32, the state leaving each
+    segment, (batch, nheads, segments, headdim blocks x BLOCK_P, dstate tile: whole tiles, so
+    no load of it is partial), and `ready`, int32, each segment's flag, (batch, nheads, headdim
+    blocks, segments), zero before the launch (a launch leaves it zero: every flag set is
+    consumed) where there is more than one segment."""
+    if not choice.segments:
+        return {}
+    batch, _, nheads, headdim = (int(s) for s in x.shape)
+    block_p = pow2_tile(headdim, lo=MMA_MIN, hi=choice.block_p)
+    blocks = -(-headdim // block_p)
+    return {"passed": (batch, nheads, choice.segments, blocks * block_p,
+                       pow2_tile(int(B.shape[3]), lo=MMA_MIN)),
+            "ready": (batch, nheads, blocks, choice.segments)}
+
+
 def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, final_states,
                       sm_count, choice: Choice | None = None, *, errors=None,
-                      check_D: bool = True) -> list[tuple]:
+                      check_D: bool = True, passed=None, ready=None) -> list[tuple]:
     """[(kernel, grid, kernel args)] of ssd_scan: the one place its tiles and kernel objects are
     chosen; `choice` where given (one of ssd_scan_choices, else a ValueError), else the rules'
     for a GPU of `sm_count` SMs. float16 inputs launch twice: the guarded products, then the
@@ -312,7 +452,8 @@ def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, 
     is the (batch, seqlen) int32 segment ids, or None. `errors`: the call's error word
     (kernels.errors), None only in a launch that is planned, never run. `check_D`: whether a D
     that is not finite is reported here (its y is NaN either way); ssd_forward checks D in
-    chunk_cumsum instead.
+    chunk_cumsum instead. `passed`, `ready`: the segmented kernel's arrays (scan_scratch), given
+    where the choice has segments (a ValueError where they are missing).
     """
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     given = choice is not None
@@ -320,20 +461,31 @@ def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, 
     if choice not in ssd_scan_choices(x, B):
         raise ValueError(f"{'choice' if given else 'rules choice'}: {choice} is not one that "
                          f"ssd_scan can run on this shape ({ssd_scan_choices.__name__})")
+    segments = choice.segments or 1
+    for name, shape in scan_scratch(x, B, choice).items():
+        given = {"passed": passed, "ready": ready}[name]
+        if given is None or tuple(int(n) for n in given.shape) != shape:
+            raise ValueError(f"{name}: {choice} runs the segmented kernel, which takes {name} "
+                             f"of shape {shape} ({scan_scratch.__name__}), got "
+                             f"{None if given is None else tuple(given.shape)}")
     block_t, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]),
                                            choice.block_p)
     guarded = dtype_name(x) == "float16"
-    # the kernel's arguments before CHECK_D, and between it and GUARD, REDO
+    # the kernel's arguments before CHECK_D, and between it and GUARD, REDO; the kernel without
+    # segments reads neither passed nor ready (stand-ins)
+    scratch = (passed, ready) if choice.segments else (final_states, errors)
     head = (x, B, C, dt_out, dA_cumsum, x if initial_states is None else initial_states,
             x if D is None else D, x if z is None else z, dt_out if seg is None else seg, y,
-            final_states, errors, int(dt_out.shape[3]), block_t, block_p, dstate_tile,
-            choice.heads, D is not None, D is not None and len(D.shape) == 2, z is not None)
+            final_states, *scratch, errors, int(dt_out.shape[3]), block_t, block_p,
+            dstate_tile, choice.heads, D is not None, D is not None and len(D.shape) == 2,
+            z is not None)
     last_by_min = choice.warps in LAST_BY_MIN_WARPS and dtype_name(x) in LAST_BY_MIN_DTYPES
-    options = (initial_states is not None, seg is not None, last_by_min)
+    options = (initial_states is not None, seg is not None, last_by_min,
+               choice.segments > 0)
     args = (*head, D is not None and check_D, *options, guarded, False)
     if needs_int64(*args):
         raise ValueError("ssd_scan: an array of 2^31 elements or more (int32 indices only)")
-    grid = (-(-headdim // block_p), nheads // choice.heads, batch)
+    grid = (-(-headdim // block_p) * segments, nheads // choice.heads, batch)
     kernel = _KERNELS[choice.occupancy, choice.warps]
     if not guarded:
         return [(kernel, grid, args)]
@@ -348,19 +500,32 @@ def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, se
     or float16, all alike; the rest float32. `check_values`: as in ssd_forward (a channel with a
     D that is not finite gets NaN). `choice`: the Choice to launch (one of ssd_scan_choices, else
     a ValueError before any launch) instead of the rules'."""
+    def check(x, B, C, dt_out, dA_cumsum, D, z, initial_states, seq_idx):
+        dims = check_ssd_scan_args(x, B, C, dt_out, dA_cumsum, D=D, z=z,
+                                   initial_states=initial_states, seq_idx=seq_idx,
+                                   float_dtypes=weight_dtypes(x),
+                                   activation_dtypes=ACTIVATION_DTYPES, check_values=False)
+        if choice is not None and choice not in ssd_scan_choices(x, B):
+            raise ValueError(f"choice: {choice} is not one that ssd_scan can run on this shape "
+                             f"({ssd_scan_choices.__name__})")
+        return dims
+
+    def launches(a, backend, errors):
+        launched = choice or rules_choice(launch_dims(a["x"], a["B"], a["dt_out"]),
+                                          backend.sm_count)
+        scratch = scan_scratch(a["x"], a["B"], launched)  # the flags zeroed, the states not
+        passed = backend.empty(scratch["passed"]) if scratch else None
+        ready = backend.zeros(scratch["ready"], "int32") if scratch else None
+        return ssd_scan_launches(
+            a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], a["initial_states"], a["D"],
+            a["z"], a["seg"], a["y"], a["final_states"], backend.sm_count, launched,
+            errors=errors, passed=passed, ready=ready)
+
     a = run_alone(
         "ssd_scan", dict(x=x, B=B, C=C, dt_out=dt_out, dA_cumsum=dA_cumsum, D=D, z=z,
                          initial_states=initial_states, seq_idx=seq_idx),
-        check=lambda x, B, C, dt_out, dA_cumsum, D, z, initial_states, seq_idx:
-            check_ssd_scan_args(x, B, C, dt_out, dA_cumsum, D=D, z=z,
-                                initial_states=initial_states, seq_idx=seq_idx,
-                                float_dtypes=weight_dtypes(x),
-                                activation_dtypes=ACTIVATION_DTYPES, check_values=False),
+        check=check,
         outputs=lambda dims: {"y": (dims.shape("y"), "x"),
                               "final_states": (dims.shape("final_states"), None)},
-        launches=lambda a, backend, errors: ssd_scan_launches(
-            a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], a["initial_states"], a["D"],
-            a["z"], a["seg"], a["y"], a["final_states"], backend.sm_count, choice,
-            errors=errors),
-        check_values=check_values, values=("D",))
+        launches=launches, check_values=check_values, values=("D",))
     return a["y"], a["final_states"]

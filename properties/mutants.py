@@ -52,10 +52,25 @@ CATALOGUE = [
            "new_states += (ct.mma(mma_operand(xw, products), Bt, states[i_k]),)",
            "the scan: the state is carried to the next token block without its decay"),
     Mutant("scan_block_end_by_max", "kernels/ssd_scan.py",
-           "a_last = ct.min(a_t, axis=1, keepdims=True)  # [1, 1]",
-           "a_last = ct.max(a_t, axis=1, keepdims=True)  # [1, 1]",
+           "\n                a_last = ct.min(a_t, axis=1, keepdims=True)  # [1, 1]",
+           "\n                a_last = ct.max(a_t, axis=1, keepdims=True)  # [1, 1]",
            "the scan: a token block's last dA_cumsum taken as its tile's maximum (its first "
            "token's) instead of its minimum"),
+    Mutant("scan_segment_entering_not_decayed", "kernels/ssd_scan.py",
+           "leaving = states[i_k] * (ct.exp2(logs[i_k]) * live) + owns[i_k]",
+           "leaving = states[i_k] + owns[i_k]",
+           "the segmented scan: a segment hands on the state entering it without the decay "
+           "through its tokens"),
+    Mutant("scan_segment_own_part_not_carried", "kernels/ssd_scan.py",
+           "new_owns += (ct.mma(mma_operand(xw, products), Bt, owns[i_k] * carry),)",
+           "new_owns += (ct.mma(mma_operand(xw, products), Bt, owns[i_k]),)",
+           "the segmented scan: a segment's own part of its leaving state skips the decay "
+           "between its token blocks"),
+    Mutant("scan_segment_reads_its_own_slot", "kernels/ssd_scan.py",
+           "ct.load(passed, (i_b, i_hb * HEADS + i_k, i_s - 1, i_p, 0),",
+           "ct.load(passed, (i_b, i_hb * HEADS + i_k, i_s, i_p, 0),",
+           "the segmented scan: a segment reads its own slot of the handed-on states (not yet "
+           "written) instead of its predecessor's"),
     Mutant("varlen_state_one_token_early", "kernels/ssd_varlen.py",
            "inside = t < end  # padding",
            "inside = t < end - 1  # padding",
@@ -76,7 +91,8 @@ CATALOGUE = [
            "the scan: the decayed weights keep 3 mantissa bits, an 8-bit float's, before their "
            "product"),
     Mutant("scan_reset_missing", "kernels/ssd_scan.py",
-           "carry = ct.where(seg_last == seg_before, carry, 0.0)", "carry = carry",
+           "\n                carry = ct.where(seg_last == seg_before, carry, 0.0)",
+           "\n                carry = carry",
            "the scan: the state crosses a seq_idx boundary between token blocks"),
     Mutant("causal_mask_off_by_one", "kernels/compute_out.py",
            "keep = rows <= cols  # causal: s <= t", "keep = rows <= cols + 1  # causal: s <= t",

@@ -950,8 +950,11 @@ def test_sweep_labels_are_unique_stable_and_parse_back():
     assert sweep.label("fwd_pass_state", fwd_pass_state.Choice(
         "in_order", 128, 64, 128, None, 32)) == "in_order/k128/p64/n128/occdefault/pass32"
     assert sweep.label("chunk_cumsum", chunk_cumsum.Choice(16)) == "h16"
-    assert sweep.label("ssd_scan", ssd_scan.Choice(1, 2, 64, None)) == "scan_h1/occ2/p64/wdefault"
-    assert sweep.label("ssd_scan", ssd_scan.Choice(1, 1, 64, 8)) == "scan_h1/occ1/p64/w8"
+    assert (sweep.label("ssd_scan", ssd_scan.Choice(1, 2, 64, None))
+            == "scan_h1/occ2/p64/wdefault/seg0")
+    assert sweep.label("ssd_scan", ssd_scan.Choice(1, 1, 64, 8)) == "scan_h1/occ1/p64/w8/seg0"
+    assert (sweep.label("ssd_scan", ssd_scan.Choice(1, 1, 64, None, 1))
+            == "scan_h1/occ1/p64/wdefault/seg1")
     with pytest.raises(ValueError, match="closest: token_blocks/h2/occ2/t64"):
         sweep.choice_of("token_blocks/h2/occ2/t65")
 

@@ -34,7 +34,7 @@ from kernels.compute_out import Choice as OutChoice
 from kernels.compute_out import compute_out_launch
 from kernels.call import STATE_DTYPES
 from kernels.launches import (ForwardArrays, part_launches, rules_batch_parts,
-                              varlen_launches)
+                              scan_scratch_outputs, varlen_launches)
 from kernels.ssd_scan import Choice as ScanChoice
 from kernels.ssd_scan import ssd_scan_launches
 
@@ -175,7 +175,8 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
                 arrays.initial_states, arrays.D, arrays.z, arrays.seg, arrays.y,
                 arrays.final_states)
         if not needs_int64(*scan):
-            plans.append(ssd_scan_launches(*scan, sm_count, errors=arrays.errors))
+            plans.append(ssd_scan_launches(*scan, sm_count, errors=arrays.errors,
+                                           passed=arrays.passed, ready=arrays.ready))
     return [launch for launches in plans for launch in launches]
 
 
@@ -195,7 +196,9 @@ def stand_in_arrays(dims: Dims, opts: dict) -> ForwardArrays:
         ArraySpec(dims.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
         opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
         a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"),
-        ArraySpec((1,), "int32"))  # the error word (kernels.errors)
+        ArraySpec((1,), "int32"),  # the error word (kernels.errors)
+        **{name: ArraySpec(shape, "int32" if like_x == "int32" else "float32")
+           for name, shape, like_x in scan_scratch_outputs(dims)})
 
 
 def packed_launches(dims: Dims, num_seqs: int, opts: dict) -> list:
@@ -292,9 +295,13 @@ def test_every_kernel_object_is_compiled_with_every_option():
             # a packed row runs with int32 indices only (its launches refuse 2^31 elements)
             assert values == {False}, f"{name}: {param} compiled as {values}"
         elif param == "LAST_BY_MIN":
-            # ssd_scan's: both on the object at the compiler's warp count, never on the one of
-            # eight worker warps (LAST_BY_MIN_WARPS)
-            assert values == ({False, True} if name == "_ssd_scan" else {False}), (
+            # ssd_scan's: both on the rules' object, only on the few programs' (16-bit inputs,
+            # both at the compiler's warp count: LAST_BY_MIN_WARPS)
+            assert values == ({False, True} if name == "_ssd_scan" else {True}), (
+                f"{name}: {param} compiled as {values}")
+        elif param == "SEGMENTED":
+            # ssd_scan's segmented kernel runs on the few programs' object, never on the rules'
+            assert values == ({False} if name == "_ssd_scan" else {True}), (
                 f"{name}: {param} compiled as {values}")
         else:
             assert values == {False, True}, f"{name}: {param} only compiled as {values}"

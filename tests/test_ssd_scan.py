@@ -6,10 +6,11 @@ import pytest
 
 import reference as R
 from contract import Dims
-from kernels.arrays import LaunchDims
+from kernels.arrays import Backend, LaunchDims
+from kernels.interpreter import launch
 from kernels import ssd_scan
-from kernels.ssd_scan import (CHOICES, FEW_PROGRAMS_CHOICE, RULES_CHOICE, rules_choice, scan_runs,
-                              ssd_scan_choices)
+from kernels.ssd_scan import (CHOICES, FEW_PROGRAMS_CHOICE, RULES_CHOICE, Choice, rules_choice,
+                              scan_runs, scan_scratch, ssd_scan_choices, ssd_scan_launches)
 from properties.bounds import KAPPA
 from shapes import (BACKENDS, CASES, check_within, launch_arg, make_inputs, on_backend,
                     recorded_launches, step_options)
@@ -34,9 +35,10 @@ def _stage_inputs(case) -> tuple[dict, dict]:
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=c.marks) for c in CASES])
 def test_ssd_scan_matches_reference(case, backend, request):
     """Every choice the case's shape allows (heads per program x headdim block x occupancy x
-    worker warps; on the interpreter, which reads no hint, the first choice of each heads x
-    headdim block): y and final_states within the forward's kappa of the float64 reference of the
-    same inputs (accumulation_length counts the scan's token-block boundaries)."""
+    worker warps x segments; on the interpreter, which reads no hint, the first choice of each
+    heads x headdim block x segments): y and final_states within the forward's kappa of the
+    float64 reference of the same inputs (accumulation_length counts the scan's token-block
+    boundaries)."""
     inputs, _ = _stage_inputs(case)
     y_ref, final_ref = R.ssd_scan_ref(**inputs)
     upstream = (inputs["x"], inputs["B"], inputs["dt_out"], inputs["dA_cumsum"])
@@ -47,7 +49,8 @@ def test_ssd_scan_matches_reference(case, backend, request):
     choices = ssd_scan_choices(inputs["x"], inputs["B"])
     assert RULES_CHOICE in choices
     if backend == "interpreter":
-        choices = list({(c.heads, c.block_p): c for c in reversed(choices)}.values())
+        choices = list({(c.heads, c.block_p, c.segments): c
+                        for c in reversed(choices)}.values())
     for choice in choices:
         with recorded_launches() as launches:
             y, final = ssd_scan(**on_backend(backend, inputs), choice=choice)
@@ -103,9 +106,57 @@ def test_the_forward_takes_the_scan_where_its_grid_fills_the_gpu(dims, dtype, ru
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float16", True, id="long_seq_fp16"),
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float16", False, id="mamba2_2p7b_fp16"),
 ])
-def test_a_16_bit_grid_of_one_program_per_sm_or_fewer_runs_eight_worker_warps(dims, dtype, few):
+def test_a_16_bit_grid_of_one_program_per_sm_or_fewer_runs_the_segmented_kernel(dims, dtype, few):
     expected = FEW_PROGRAMS_CHOICE if few else RULES_CHOICE
     assert rules_choice(LaunchDims(dims, dtype), H200_SMS) == expected
+
+
+@pytest.mark.parametrize("case_id", ["seq_idx_arbitrary", "all_options_chunk16",
+                                     "chunk64_ragged", "seqlen_below_chunk"])
+def test_segments_hand_their_states_on_and_leave_every_flag_zero(case_id):
+    """The segmented kernel in four segments, where the sequence has more chunks, as many or
+    fewer (an empty segment hands its entering state on): y and final_states within kappa of the
+    reference, as the scan without segments, on the interpreter, which runs each waiting program
+    again once its predecessor's flag is set and refuses a read of a handed-on state that no
+    acquire ordered; every flag a segment set is consumed."""
+    case = CASES[[c.id for c in CASES].index(case_id)]
+    inputs, _ = _stage_inputs(case)
+    y_ref, final_ref = R.ssd_scan_ref(**inputs)
+    upstream = (inputs["x"], inputs["B"], inputs["dt_out"], inputs["dA_cumsum"])
+    states_M, final_M = R.fwd_pass_state_magnitude(*upstream, inputs["initial_states"],
+                                                   inputs["seq_idx"])
+    M = R.compute_out_magnitude(*upstream[:2], inputs["C"], *upstream[2:], states_M,
+                                inputs["D"], inputs["z"], inputs["seq_idx"])
+    segments = 4
+    choice = Choice(1, 1, 64, None, segments)
+    shapes = scan_scratch(inputs["x"], inputs["B"], choice)
+    y = np.full(inputs["x"].shape, np.nan, np.float32)
+    final = np.full(final_ref.shape, np.nan, np.float32)
+    passed = np.full(shapes["passed"], np.nan, np.float32)
+    ready = np.zeros(shapes["ready"], np.int32)
+    errors = np.zeros(1, np.int32)
+    seg = Backend.of("numpy").segment_ids(inputs["seq_idx"])
+    for kernel, grid, args in ssd_scan_launches(
+            inputs["x"], inputs["B"], inputs["C"], inputs["dt_out"], inputs["dA_cumsum"],
+            inputs["initial_states"], inputs["D"], inputs["z"], seg, y, final, 1, choice,
+            errors=errors, passed=passed, ready=ready):
+        assert grid[0] == segments * -(-inputs["x"].shape[3] // 64)
+        launch(grid, kernel, args)
+    test_id = f"{case_id}[{segments} segments]"
+    check_within("y", y, y_ref, M, KAPPA, test_id)
+    check_within("final_states", final, final_ref, final_M, KAPPA, test_id)
+    assert not ready.any() and not errors.any()
+
+
+def test_the_segmented_kernel_needs_its_arrays():
+    inputs, _ = _stage_inputs(CASES[0])
+    args = (inputs["x"], inputs["B"], inputs["C"], inputs["dt_out"], inputs["dA_cumsum"], None,
+            None, None, None, inputs["x"], np.zeros((2, 4, 64, 64), np.float32), 1)
+    with pytest.raises(ValueError, match="^passed: .* takes passed of shape"):
+        ssd_scan_launches(*args, FEW_PROGRAMS_CHOICE)
+    with pytest.raises(ValueError, match="^ready: "):
+        ssd_scan_launches(*args, FEW_PROGRAMS_CHOICE, passed=np.zeros((2, 4, 1, 64, 64)),
+                          ready=np.zeros((2, 4, 1, 2), np.int32))
 
 
 def test_bad_arguments_are_refused_by_name_before_any_launch():
