@@ -44,13 +44,15 @@ class Explained:
     tool: str
     kernel: str  # the kernel's Python function (its compiled name without the specialization)
     path: str  # the kernel's file, relative to the repository root
-    text: str  # the reported line's source text: occurs exactly once in the file
+    text: str  # the reported line's source text, in the kernel's function `count` times
     kind: str  # the start of the report's first line
     reason: str  # the DECISIONS.md section that reproduces and explains it
+    nth: int = 0  # which of the occurrences (from the function's start)
+    count: int = 1
 
     def where(self) -> str:
         """`file.py:line` as the tool prints it: the line of the kernel's function that holds
-        `text` (it must hold it once)."""
+        `text`'s nth occurrence (the function must hold it `count` times)."""
         lines = (REPO / self.path).read_text().splitlines()
         start = next((i for i, line in enumerate(lines) if line.startswith(
             f"def {self.kernel}(")), None)
@@ -59,10 +61,10 @@ class Explained:
         end = next((i for i in range(start + 1, len(lines))
                     if lines[i][:1] not in ("", " ", ")", "#")), len(lines))
         found = [i + 1 for i in range(start, end) if self.text in lines[i]]
-        if len(found) != 1:
+        if len(found) != self.count:
             raise ValueError(f"sanitizer rule for {self.kernel}: {self.text!r} occurs "
-                             f"{len(found)} times in it in {self.path} (must be once)")
-        return f"{Path(self.path).name}:{found[0]}"
+                             f"{len(found)} times in it in {self.path} (must be {self.count})")
+        return f"{Path(self.path).name}:{found[self.nth]}"
 
 
 # The reported lines: (kernel, file in kernels/, the line's text)
@@ -74,9 +76,11 @@ _PASS_CHUNK_END = ("_state_pass_kernel", "fwd_pass_state.py",
                    "a_last = ct.reshape(ct.load(dA_cumsum, (i_b, i_h, i_c, END)")
 _BLOCK_END = "ct.load(dA_cumsum, (i_b, i_h, i_c, i_tc * BLOCK_T + BLOCK_T - 1),"
 _OUT_BLOCK_END = ("_compute_out_chunk_kernel", "compute_out.py", _BLOCK_END)
-_SCAN_BLOCK_END = ("_ssd_scan_kernel", "ssd_scan.py", _BLOCK_END)
+# the scan's loads in its loop: the second of two (the first, in the segmented kernel's own
+# pass, has not been seen reported)
+_SCAN_BLOCK_END = ("_ssd_scan_kernel", "ssd_scan.py", _BLOCK_END, 1, 2)
 _SCAN_SEGMENT = ("_ssd_scan_kernel", "ssd_scan.py",
-                 "seg_last = ct.load(seg, (i_b, ct.minimum(i_t * BLOCK_T + BLOCK_T - 1,")
+                 "seg_last = ct.load(seg, (i_b, ct.minimum(i_t * BLOCK_T + BLOCK_T - 1,", 1, 2)
 _VARLEN_DT = ("_ssd_varlen_kernel", "ssd_varlen.py",
               "dt_s = ct.gather(dt_out, (0, i_h, t // CHUNK, t % CHUNK), mask=inside)")
 # (tool, kind of report, DECISIONS.md section, lines)
@@ -94,8 +98,8 @@ _RULES = (
      (_CHUNK_END, _CHUNK_SEGMENT, _OUT_BLOCK_END, _SCAN_BLOCK_END, _SCAN_SEGMENT, _VARLEN_DT)),
 )
 EXPLAINED: tuple[Explained, ...] = tuple(
-    Explained(tool, kernel, f"kernels/{path}", text, kind, reason)
-    for tool, kind, reason, lines in _RULES for kernel, path, text in lines)
+    Explained(tool, kernel, f"kernels/{path}", text, kind, reason, *at)
+    for tool, kind, reason, lines in _RULES for kernel, path, text, *at in lines)
 
 
 @dataclass(frozen=True)
