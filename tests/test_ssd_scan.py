@@ -31,6 +31,17 @@ def _stage_inputs(case) -> tuple[dict, dict]:
                 seq_idx=kw.get("seq_idx")), kw
 
 
+def _reference(inputs: dict) -> tuple:
+    """(y, final_states) of the float64 reference, and the magnitudes their bounds scale by."""
+    y_ref, final_ref = R.ssd_scan_ref(**inputs)
+    upstream = (inputs["x"], inputs["B"], inputs["dt_out"], inputs["dA_cumsum"])
+    states_M, final_M = R.fwd_pass_state_magnitude(*upstream, inputs["initial_states"],
+                                                   inputs["seq_idx"])
+    M = R.compute_out_magnitude(*upstream[:2], inputs["C"], *upstream[2:], states_M,
+                                inputs["D"], inputs["z"], inputs["seq_idx"])
+    return y_ref, final_ref, M, final_M
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=c.marks) for c in CASES])
 def test_ssd_scan_matches_reference(case, backend, request):
@@ -40,12 +51,7 @@ def test_ssd_scan_matches_reference(case, backend, request):
     float64 reference of the same inputs (accumulation_length counts the scan's token-block
     boundaries)."""
     inputs, _ = _stage_inputs(case)
-    y_ref, final_ref = R.ssd_scan_ref(**inputs)
-    upstream = (inputs["x"], inputs["B"], inputs["dt_out"], inputs["dA_cumsum"])
-    states_M, final_M = R.fwd_pass_state_magnitude(*upstream, inputs["initial_states"],
-                                                   inputs["seq_idx"])
-    M = R.compute_out_magnitude(*upstream[:2], inputs["C"], *upstream[2:], states_M,
-                                inputs["D"], inputs["z"], inputs["seq_idx"])
+    y_ref, final_ref, M, final_M = _reference(inputs)
     choices = ssd_scan_choices(inputs["x"], inputs["B"])
     assert RULES_CHOICE in choices
     if backend == "interpreter":
@@ -121,12 +127,7 @@ def test_segments_hand_their_states_on_and_leave_every_flag_zero(case_id):
     acquire ordered; every flag a segment set is consumed."""
     case = CASES[[c.id for c in CASES].index(case_id)]
     inputs, _ = _stage_inputs(case)
-    y_ref, final_ref = R.ssd_scan_ref(**inputs)
-    upstream = (inputs["x"], inputs["B"], inputs["dt_out"], inputs["dA_cumsum"])
-    states_M, final_M = R.fwd_pass_state_magnitude(*upstream, inputs["initial_states"],
-                                                   inputs["seq_idx"])
-    M = R.compute_out_magnitude(*upstream[:2], inputs["C"], *upstream[2:], states_M,
-                                inputs["D"], inputs["z"], inputs["seq_idx"])
+    y_ref, final_ref, M, final_M = _reference(inputs)
     segments = 4
     choice = Choice(1, 1, 64, None, segments)
     shapes = scan_scratch(inputs["x"], inputs["B"], choice)
