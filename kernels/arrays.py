@@ -114,14 +114,17 @@ class Backend:
             arrays["cu_seqlens"] = self.offsets_int32(cu_seqlens, offsets)
         for name, shape, like_x in outputs:
             if like_x == "int32":
-                arrays[name] = self._empty(shape, self.xp.int32)
+                arrays[name] = self.empty(shape, dtype="int32")
             else:
                 arrays[name] = self.empty(shape, like=arrays["x"] if like_x else None)
         return arrays
 
-    def empty(self, shape: tuple[int, ...], like=None):
-        """A new output array, uninitialized, float32 or of `like`'s dtype (on the interpreter
-        with a written-mask where kernels.interpreter.track_writes is active)."""
+    def empty(self, shape: tuple[int, ...], like=None, dtype: str | None = None):
+        """A new output array, uninitialized, float32, of `like`'s dtype or of `dtype` (a name:
+        "int32") (on the interpreter with a written-mask where
+        kernels.interpreter.track_writes is active)."""
+        if dtype is not None:
+            return self._empty(shape, getattr(self.xp, dtype))
         return self._empty(shape, self.xp.float32 if like is None else like.dtype)
 
     @property

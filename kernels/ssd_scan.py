@@ -170,8 +170,13 @@ def _ssd_scan_kernel(x: ct.IndexedWithInt64, B: ct.IndexedWithInt64, C: ct.Index
         # segment's `ready` flag), hands on the state leaving it, 2^(sum of its decays) times
         # the entering one plus L, and sets its own flag; then it runs the scan's loop from the
         # entering state. The flags are consumed (1 -> 0), so a launch leaves them as it found
-        # them: zero.
-        chain = stores  # 0 where a REDO launch has nothing to redo (no flag set, none awaited)
+        # them: zero. A segment waits only for lower block ids of its own head (the grid is
+        # segment-major on its first axis): it cannot hang where every program is resident or
+        # programs start in block-id order.
+        # 0 where a REDO launch has nothing to redo (no flag set, none awaited); every program
+        # of the launch must read the same word, so more than one segment needs an error word
+        # no other launch writes meanwhile (ssd_scan's own)
+        chain = stores
         own_end = ct.where(i_s < segments - 1, blocks, t_first)
         owns = ()  # each head's L, [BLOCK_P, DSTATE]
         logs = ()  # each head's sum of decay exponents, [1, 1]
@@ -463,11 +468,13 @@ def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, 
                          f"ssd_scan can run on this shape ({ssd_scan_choices.__name__})")
     segments = choice.segments or 1
     for name, shape in scan_scratch(x, B, choice).items():
-        given = {"passed": passed, "ready": ready}[name]
-        if given is None or tuple(int(n) for n in given.shape) != shape:
+        array = {"passed": passed, "ready": ready}[name]
+        dtype = "int32" if name == "ready" else "float32"
+        if (array is None or tuple(int(n) for n in array.shape) != shape
+                or dtype_name(array) != dtype):
+            got = None if array is None else (tuple(array.shape), dtype_name(array))
             raise ValueError(f"{name}: {choice} runs the segmented kernel, which takes {name} "
-                             f"of shape {shape} ({scan_scratch.__name__}), got "
-                             f"{None if given is None else tuple(given.shape)}")
+                             f"of shape {shape}, {dtype} ({scan_scratch.__name__}), got {got}")
     block_t, block_p, dstate_tile = _tiles(headdim, int(B.shape[3]), int(dt_out.shape[3]),
                                            choice.block_p)
     guarded = dtype_name(x) == "float16"
@@ -513,9 +520,13 @@ def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, se
     def launches(a, backend, errors):
         launched = choice or rules_choice(launch_dims(a["x"], a["B"], a["dt_out"]),
                                           backend.sm_count)
-        scratch = scan_scratch(a["x"], a["B"], launched)  # the flags zeroed, the states not
+        # the flags zeroed where a segment waits (one segment reads neither array)
+        scratch = scan_scratch(a["x"], a["B"], launched)
         passed = backend.empty(scratch["passed"]) if scratch else None
-        ready = backend.zeros(scratch["ready"], "int32") if scratch else None
+        ready = None
+        if scratch:
+            ready = (backend.zeros(scratch["ready"], "int32") if launched.segments > 1 else
+                     backend.empty(scratch["ready"], dtype="int32"))
         return ssd_scan_launches(
             a["x"], a["B"], a["C"], a["dt_out"], a["dA_cumsum"], a["initial_states"], a["D"],
             a["z"], a["seg"], a["y"], a["final_states"], backend.sm_count, launched,

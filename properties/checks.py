@@ -390,7 +390,7 @@ def ssd_scan_alone(p: Problem, backend: str) -> dict:
             continue
         y, final = run_on(ssd_scan, backend, p.x, *args, **kw, choice=choice, laid_out_as=p)
         name = (f"ssd_scan ({choice.heads} heads, block_p {choice.block_p}, occupancy "
-                f"{choice.occupancy}, worker warps {choice.warps})")
+                f"{choice.occupancy}, worker warps {choice.warps}, segments {choice.segments})")
         metrics += [check_close(f"{name} y", y, y_ref, b.y, b.M, p, floor=b.floor),
                     check_close(f"{name} final_states", final, final_ref, b.final, b.final_M,
                                 p, floor=b.floor_final)]

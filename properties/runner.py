@@ -48,13 +48,15 @@ def to_host(a) -> np.ndarray:
 
 @contextlib.contextmanager
 def outputs_filled_with(value: float):
-    """Within the block, every output the launchers allocate (Backend.empty) is filled with
-    `value` first: NaN makes an element no program writes fail every comparison."""
+    """Within the block, every float output the launchers allocate (Backend.empty) is filled
+    with `value` first: NaN makes an element no program writes fail every comparison (an int32
+    one, the segmented scan's flags where nothing reads them, is left as allocated)."""
     empty = Backend.empty
 
-    def filled(self, shape, like=None):
-        out = empty(self, shape, like)
-        out[...] = value
+    def filled(self, shape, like=None, dtype=None):
+        out = empty(self, shape, like, dtype)
+        if dtype is None:
+            out[...] = value
         return out
     Backend.empty = filled
     try:

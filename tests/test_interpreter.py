@@ -848,17 +848,29 @@ def _handoff_kernel(y, ready):
 
 
 @ct.kernel
-def _flag_read_kernel(y, ready, ACQUIRE: ct.Constant[bool]):
-    """Program 1 stores tile 1 and releases its flag; program 0 takes the flag (acquiring it, or
-    relaxed: then nothing orders the store before its read) and reads tile 1."""
+def _flag_read_kernel(y, ready, MODE: ct.Constant[int]):
+    """Program 1 stores tile 1 and releases its flag (MODE 2: releases it first, then stores);
+    program 0 takes the flag (acquiring it; MODE 1: relaxed, so nothing orders the store before
+    its read) and reads tile 1."""
     i = ct.bid(0)
     for _ in range(ct.where(i == 1, 1, 0)):
+        if MODE == 2:
+            ct.atomic_xchg(ready, 1, 1, memory_order=ct.MemoryOrder.RELEASE)
         ct.store(y, (1,), ct.full((4,), 1.0, dtype=ct.float32), allow_tma=False)
-        ct.atomic_xchg(ready, 1, 1, memory_order=ct.MemoryOrder.RELEASE)
+        if MODE != 2:
+            ct.atomic_xchg(ready, 1, 1, memory_order=ct.MemoryOrder.RELEASE)
     for _ in range(ct.where(i == 0, 1, 0)):
-        order = ct.MemoryOrder.ACQUIRE if ACQUIRE else ct.MemoryOrder.RELAXED
+        order = ct.MemoryOrder.RELAXED if MODE == 1 else ct.MemoryOrder.ACQUIRE
         ct.atomic_cas(ready, 1, 1, 0, memory_order=order)
         ct.store(y, (0,), ct.load(y, (1,), shape=(4,), allow_tma=False) + 1.0)
+
+
+@ct.kernel
+def _relaxed_spin_kernel(ready):
+    """Program 0 spins on a flag with relaxed compare-and-swaps."""
+    flag = ct.atomic_cas(ready, 1, 1, 0, memory_order=ct.MemoryOrder.RELAXED)
+    while flag != 1:
+        flag = ct.atomic_cas(ready, 1, 1, 0, memory_order=ct.MemoryOrder.RELAXED)
 
 
 @ct.kernel
@@ -893,15 +905,19 @@ def test_acquire_release_handoff_runs_waiting_programs_after_their_flag():
 
 def test_only_an_acquire_orders_another_programs_store_before_a_read():
     y = nan_like(np.zeros(8))
-    launch((2,), _flag_read_kernel, (y, np.zeros(2, np.int32), True))
+    launch((2,), _flag_read_kernel, (y, np.zeros(2, np.int32), 0))
     np.testing.assert_array_equal(y, [2.0] * 4 + [1.0] * 4)
-    with pytest.raises(RuntimeError, match="reads elements that program 1"):
-        launch((2,), _flag_read_kernel, (nan_like(np.zeros(8)), np.zeros(2, np.int32), False))
+    # a relaxed read orders nothing; a release orders only the stores before it
+    for mode in (1, 2):
+        with pytest.raises(RuntimeError, match="reads elements that program 1"):
+            launch((2,), _flag_read_kernel, (nan_like(np.zeros(8)), np.zeros(2, np.int32), mode))
 
 
 def test_a_wait_no_program_ends_raises_instead_of_hanging():
     with pytest.raises(RuntimeError, match=r"waits for ready\[1\] == 1, which no program"):
         launch((1,), _wait_forever_kernel, (np.zeros(2, np.int32),))
+    with pytest.raises(RuntimeError, match="without an acquiring order"):
+        launch((1,), _relaxed_spin_kernel, (np.zeros(2, np.int32),))
     with pytest.raises(RuntimeError, match="waits on an element after storing"):
         launch((2,), _store_then_wait_kernel, (nan_like(np.zeros(8)), np.zeros(2, np.int32)))
 

@@ -155,9 +155,12 @@ def test_the_segmented_kernel_needs_its_arrays():
             None, None, None, inputs["x"], np.zeros((2, 4, 64, 64), np.float32), 1)
     with pytest.raises(ValueError, match="^passed: .* takes passed of shape"):
         ssd_scan_launches(*args, FEW_PROGRAMS_CHOICE)
-    with pytest.raises(ValueError, match="^ready: "):
-        ssd_scan_launches(*args, FEW_PROGRAMS_CHOICE, passed=np.zeros((2, 4, 1, 64, 64)),
-                          ready=np.zeros((2, 4, 1, 2), np.int32))
+    passed = np.zeros((2, 4, 1, 64, 64), np.float32)
+    for ready in (np.zeros((2, 4, 1, 2), np.int32), np.zeros((2, 4, 1, 1), np.float32)):
+        with pytest.raises(ValueError, match="^ready: .* int32"):
+            ssd_scan_launches(*args, FEW_PROGRAMS_CHOICE, passed=passed, ready=ready)
+    assert ssd_scan_launches(*args, FEW_PROGRAMS_CHOICE, passed=passed,
+                             ready=np.zeros((2, 4, 1, 1), np.int32))
 
 
 def test_bad_arguments_are_refused_by_name_before_any_launch():

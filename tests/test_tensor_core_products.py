@@ -124,6 +124,37 @@ def test_float16_operands_round_as_tf32(route):
 
 @pytest.mark.properties
 @pytest.mark.parametrize("past_range", [False, True])
+def test_float16_segmented_scan_redoes_out_of_range_with_tf32(past_range):
+    """The segmented scan in four segments of five chunks (one empty) on float16 inputs: inside
+    float16's range all its products are float16; past it (a handed-on state past 65504) the
+    second launch hands the states on again, from flags the first left zero, and its outputs
+    are bit-identical to the same scan's on float32 inputs."""
+    import numpy as np
+    from kernels import raise_pending_errors
+    from kernels.ssd_scan import Choice, ssd_scan
+    kw = _float16_exact(make_inputs(Case("float16_guard", 1, 300, 2, 16, 1, 16, 64, D="head",
+                                         z=True)), 8 if past_range else 0, 6, -9, 40.0)
+    dt_out, dA_cumsum = chunk_cumsum(kw["dt"], kw["A"], 64)
+    four = Choice(1, 1, 64, None, 4)
+    run = lambda x, B, C, z, **options: ssd_scan(x, B, C, dt_out, dA_cumsum, D=kw["D"], z=z,
+                                                 choice=four, **options)
+    wide_y, wide_states = run(kw["x"], kw["B"], kw["C"], kw["z"])
+    with record_mma_operands() as products:
+        y, states = run(*(kw[k].astype(np.float16) for k in ("x", "B", "C", "z")),
+                        check_values=False)
+    raise_pending_errors()
+    assert np.isfinite(y).all() and np.isfinite(states).all()
+    if not past_range:
+        assert set(products) == {(ct.float16, ct.float16)}, sorted(set(products))
+        return
+    assert np.abs(wide_states).max() > 65504, "the states stay inside float16's range"
+    assert (ct.tfloat32, ct.tfloat32) in set(products)
+    np.testing.assert_array_equal(states, wide_states)
+    np.testing.assert_array_equal(y, wide_y.astype(np.float16))
+
+
+@pytest.mark.properties
+@pytest.mark.parametrize("past_range", [False, True])
 def test_float16_scan_redoes_out_of_range_with_tf32(past_range):
     """The scan rounds its computed float16 operands unscaled and guards them: inside float16's
     range its products are all float16 and its second launch stores nothing (the outputs are

@@ -795,8 +795,10 @@ def _check_no_foreign_writes(array: Array, perm, src, what="load"):
     ids = np.transpose(ids, perm)[src]
     me = _state.program_id()
     foreign = (ids >= 0) & (ids != me)
-    if foreign.any() and _state.seen():  # those a release it acquired published are fine
-        foreign &= ~np.isin(ids, list(_state.seen()))
+    if foreign.any() and _state.seen():  # stores made before a release it acquired are fine
+        serials = np.transpose(array.writers(create=False, serials=True), perm)[src]
+        for program, last in _state.seen().items():
+            foreign &= ~((ids == program) & (serials <= last))
     if foreign.any():
         raise RuntimeError(f"{what}: this program ({me}) reads elements that program "
                            f"{int(ids[foreign].flat[0])} stored in the same launch: the result "
@@ -833,7 +835,7 @@ def _mark_written(array: Array, perm, src):
 
 
 def _record_store(array: Array, perm, src, view, values):
-    _state.note_store()
+    serial = _state.note_store()
     ids = np.transpose(array.writers(create=True), perm)[src]
     me = _state.program_id()
     foreign = (ids >= 0) & (ids != me)
@@ -848,6 +850,7 @@ def _record_store(array: Array, perm, src, view, values):
                                "different values to the same element: the result depends on the "
                                "order of programs on the GPU")
     ids[...] = me
+    np.transpose(array.writers(create=True, serials=True), perm)[src] = serial
 
 
 def _check_store_cast(tile, dtype):
@@ -958,7 +961,7 @@ def scatter(array, indices, value, /, *, mask=None, check_bounds=True, latency=N
     if len(np.unique(flat)) != len(flat):
         raise RuntimeError("scatter: two elements go to the same place: the result depends on "
                            "the order of threads on the GPU")
-    _state.note_store()
+    serial = _state.note_store()
     ids = array.writers(create=True)
     me = _state.program_id()
     old, new = array._a[at], values[put]
@@ -971,6 +974,7 @@ def scatter(array, indices, value, /, *, mask=None, check_bounds=True, latency=N
                            "values to the same element: the result depends on the order of "
                            "programs on the GPU")
     ids[at] = me
+    array.writers(create=True, serials=True)[at] = serial
     _mark_written(array, tuple(range(array.ndim)), at)
     array._a[at] = new
 
@@ -1004,6 +1008,7 @@ def _address(array, at: tuple) -> int:
 
 
 _ACQUIRING = (ct.MemoryOrder.ACQUIRE, ct.MemoryOrder.ACQ_REL)
+SPINS = 1000  # failed relaxed compare-and-swaps on one element before the spin is refused
 _RELEASING = (ct.MemoryOrder.RELEASE, ct.MemoryOrder.ACQ_REL)
 
 
@@ -1019,6 +1024,7 @@ def atomic_or(array, indices, update, /, *, check_bounds=True,
         raise TypeError(f"atomic_or: needs an integer array, got {array.dtype}")
     ats, keep, values, shape = _atomic_elements(array, indices, as_storage(update, array.dtype),
                                                 check_bounds, "atomic_or")
+    _state.note_store()
     old = np.zeros(values.shape, dtype=array._a.dtype)
     for k, at in zip(keep, ats):
         old[k] = array._a[at]
@@ -1070,6 +1076,12 @@ def atomic_cas(array, indices, expected, desired, /, *, check_bounds=True,
                                        "storing: the interpreter cannot run it again")
                 raise _state.Blocked(array, at, want[k])
             _state.acquire(_address(array, at))
+    else:  # no other program runs meanwhile: a failed relaxed one repeated is a spin
+        for k, at in zip(keep, ats):
+            if old[k] != want[k] and _state.spin(_address(array, at)) > SPINS:
+                raise RuntimeError(f"atomic_cas: {array.name}{list(at)} stays unlike "
+                                   f"{want[k]} through {SPINS} tries without an acquiring "
+                                   "order: a wait for another program needs one")
     for k, at in zip(keep, ats):
         if old[k] == want[k]:
             _state.note_store()

@@ -42,9 +42,9 @@ def kernel_name() -> str:
 
 
 def enter(grid, bid, kernel: str = ""):
-    global _grid, _bid, _kernel, _stored, _seen
+    global _grid, _bid, _kernel, _stored, _seen, _spins
     _grid, _bid, _kernel = grid, bid, kernel
-    _stored, _seen = False, set()
+    _stored, _seen, _spins = False, {}, {}
 
 
 class Blocked(Exception):
@@ -62,40 +62,56 @@ class Blocked(Exception):
 
 
 # Within one program: whether it has stored anything (a program that waits after a store cannot
-# be run again from its start), and the programs whose stores it may read: those whose release
-# its acquire read, and the programs they could read in turn.
+# be run again from its start); the stores it may read, {program: the number of its last store
+# it may read}: those made before a release its acquire read, and those the releaser could
+# read in turn; and its failed compare-and-swaps by element (a spin that no schedule can end).
 _stored = False
-_seen = set()
-# Within one launch: the programs a release at an element's address publishes.
+_seen = {}
+_spins = {}
+# Within one launch: the number of the last store (stores are numbered in order), and what a
+# release at an element's address publishes ({program: store number}).
+_stores = 0
 _released = {}
 
 
 def new_launch():
+    global _stores
+    _stores = 0
     _released.clear()
 
 
-def note_store():
-    global _stored
+def note_store() -> int:
+    """A store of the current program: its number in the launch."""
+    global _stored, _stores
     _stored = True
+    _stores += 1
+    return _stores
 
 
 def stored() -> bool:
     return _stored
 
 
-def seen() -> set:
+def seen() -> dict:
     return _seen
 
 
 def release(address: int):
-    """The current program's stores, and those it has seen, become visible to an acquire that
-    reads what it wrote at `address`."""
-    _released[address] = frozenset(_seen | {program_id()})
+    """The current program's stores so far, and those it may read, become readable by an
+    acquire that reads what it wrote at `address`."""
+    _released[address] = {**_seen, program_id(): _stores}
 
 
 def acquire(address: int):
     """The current program read a value released at `address`."""
-    _seen.update(_released.get(address, ()))
+    for program, last in _released.get(address, {}).items():
+        _seen[program] = max(_seen.get(program, -1), last)
+
+
+def spin(address: int) -> int:
+    """A failed compare-and-swap of the current program at `address`: how many in a row."""
+    _spins[address] = _spins.get(address, 0) + 1
+    return _spins[address]
 
 
 def leave():

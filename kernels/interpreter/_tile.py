@@ -349,18 +349,22 @@ class Writers:
     The interpreter raises on both (RuntimeError) instead of silently picking its own order.
     """
 
-    __slots__ = ("shape", "ids")
+    __slots__ = ("shape", "ids", "serials")
 
     def __init__(self, shape: tuple[int, ...]):
         self.shape = shape
         self.ids = None
+        self.serials = None  # each element's last store's number in the launch (_state)
 
-    def view(self, offset: tuple[int, ...], shape: tuple[int, ...], create: bool):
+    def view(self, offset: tuple[int, ...], shape: tuple[int, ...], create: bool,
+             serials: bool = False):
         if self.ids is None:
             if not create:
                 return None
             self.ids = np.full(self.shape, -1, dtype=np.int64)
-        return self.ids[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+            self.serials = np.full(self.shape, -1, dtype=np.int64)
+        whole = self.serials if serials else self.ids
+        return whole[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
 
 
 class Array:
@@ -379,9 +383,10 @@ class Array:
         self._writers = Writers(a.shape) if writers is None else writers
         self._offset = (0,) * a.ndim if offset is None else offset  # of a slice in the argument
 
-    def writers(self, create: bool):
-        """The last-writer program ids of this array's elements (None before any store)."""
-        return self._writers.view(self._offset, self._a.shape, create)
+    def writers(self, create: bool, serials: bool = False):
+        """The last-writer program ids of this array's elements, or with `serials` the numbers
+        of their stores in the launch (None before any store)."""
+        return self._writers.view(self._offset, self._a.shape, create, serials)
 
     @property
     def dtype(self) -> ct.DType:
