@@ -427,6 +427,17 @@ def ssd_scan_choices(x, B) -> list[Choice]:
     return found
 
 
+def _rules_launch_choice(x, B, dt_out, seg, initial_states, D, check_D: bool,
+                         sm_count) -> Choice:
+    """The rules' choice for a launch, but RULES_CHOICE where they pick the segmented kernel
+    and the launch has seq_idx, initial states and a D it checks: tileiras 13.4 crashes
+    compiling that (SIGSEGV, sm_90)."""
+    choice = rules_choice(launch_dims(x, B, dt_out), sm_count)
+    if choice.segments and check_D and None not in (seg, initial_states, D):
+        return RULES_CHOICE
+    return choice
+
+
 def scan_scratch(x, B, choice: Choice) -> dict:
     """{name: shape} of the arrays a launch of the segmented kernel hands its states on
     through ({} for the kernel without segments): `passed`, float32, the state leaving each
@@ -462,7 +473,8 @@ def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, 
     """
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     given = choice is not None
-    choice = rules_choice(launch_dims(x, B, dt_out), sm_count) if choice is None else choice
+    choice = choice or _rules_launch_choice(x, B, dt_out, seg, initial_states, D, check_D,
+                                            sm_count)
     if choice not in ssd_scan_choices(x, B):
         raise ValueError(f"{'choice' if given else 'rules choice'}: {choice} is not one that "
                          f"ssd_scan can run on this shape ({ssd_scan_choices.__name__})")
@@ -518,8 +530,9 @@ def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, se
         return dims
 
     def launches(a, backend, errors):
-        launched = choice or rules_choice(launch_dims(a["x"], a["B"], a["dt_out"]),
-                                          backend.sm_count)
+        launched = choice or _rules_launch_choice(a["x"], a["B"], a["dt_out"], a["seg"],
+                                                  a["initial_states"], a["D"], True,
+                                                  backend.sm_count)
         # the flags zeroed where a segment waits (one segment reads neither array)
         scratch = scan_scratch(a["x"], a["B"], launched)
         passed = backend.empty(scratch["passed"]) if scratch else None

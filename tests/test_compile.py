@@ -93,6 +93,12 @@ CONFIGS = [
     ("no_options_chunk256", Dims(1, 300, 4, 64, 1, 100, 256), dict()),
     ("all_options_chunk256_bf16", Dims(2, 1000, 8, 64, 2, 128, 256),
      dict(ALL_OPTIONS, dtype="bfloat16")),
+    # the standalone scan's few programs with D, z and initial states: the segmented kernel
+    # (with seq_idx too, the rules' one: _rules_launch_choice)
+    ("options_but_seq_idx_chunk256_bf16", Dims(2, 1000, 8, 64, 2, 128, 256),
+     dict(ALL_OPTIONS, seq_idx=False, dtype="bfloat16")),
+    ("seq_idx_z_chunk256_fp16", Dims(1, 700, 4, 64, 1, 128, 256),
+     dict(seq_idx="arbitrary", z=True, dtype="float16")),
     ("no_options_chunk256_bf16", Dims(1, 300, 4, 64, 1, 100, 256), dict(dtype="bfloat16")),
     # dstate 256 at chunk 256: the two kernels where the scan runs elsewhere (one SM), so
     # fwd_pass_state runs in order in 128-token products (its two-per-SM object)
@@ -122,6 +128,7 @@ CONFIGS = [
 STANDALONE_COMPUTE_OUT = ("all_options_chunk128", "options_but_seq_idx_chunk256",
                           "int64_all_options_chunk256", "mamba2_2p7b_chunk256",
                           "no_options_chunk256", "all_options_chunk256_bf16",
+                          "options_but_seq_idx_chunk256_bf16", "seq_idx_z_chunk256_fp16",
                           "no_options_chunk256_bf16", "all_options_chunk256_bf16_float32_states",
                           "all_options_chunk256_fp16")
 

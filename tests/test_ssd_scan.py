@@ -163,6 +163,24 @@ def test_the_segmented_kernel_needs_its_arrays():
                              ready=np.zeros((2, 4, 1, 1), np.int32))
 
 
+def test_a_launch_tileiras_cannot_compile_segmented_runs_the_rules_choice():
+    """Where the rules pick the segmented kernel for a launch with seq_idx, initial states and
+    a D it checks (the standalone scan's), they run RULES_CHOICE: tileiras 13.4 crashes compiling
+    that; without any of the three, or unchecked (the forward's), the segmented kernel."""
+    from kernels.launches import Slot
+    from kernels.ssd_scan import _rules_launch_choice
+    dims = Dims(1, 16384, 80, 64, 1, 128, 256)
+    a = {n: Slot(n, dims.shape(n), "bfloat16" if n in ("x", "B") else "float32")
+         for n in ("x", "B", "dt_out", "initial_states")}
+    seg, D = Slot("seg", dims.shape("seq_idx"), "int32"), Slot("D", (80,), "float32")
+    rules = lambda *given, check_D=True: _rules_launch_choice(
+        a["x"], a["B"], a["dt_out"], *given, check_D, H200_SMS)
+    assert rules(seg, a["initial_states"], D) == RULES_CHOICE
+    assert rules(seg, a["initial_states"], D, check_D=False) == FEW_PROGRAMS_CHOICE
+    for given in ((None, a["initial_states"], D), (seg, None, D), (seg, a["initial_states"], None)):
+        assert rules(*given) == FEW_PROGRAMS_CHOICE
+
+
 def test_bad_arguments_are_refused_by_name_before_any_launch():
     inputs, _ = _stage_inputs(CASES[0])
     bad = {"dt_out": inputs["dt_out"][:, :, :1], "C": inputs["C"][:, :-1],
