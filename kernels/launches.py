@@ -172,6 +172,8 @@ class Slot:
 def scan_scratch_outputs(dims: Dims) -> tuple:
     """(name, shape, like_x) of the segmented scan's arrays as the forward's rules launch it
     (FEW_PROGRAMS_CHOICE: one segment, so the flags are never read and need no zeroing)."""
+    if not FEW_PROGRAMS_CHOICE.segments:  # the kernel without segments: none
+        return ()
     if FEW_PROGRAMS_CHOICE.segments != 1:  # more would wait on flags the plan never zeroes
         raise ValueError(f"FEW_PROGRAMS_CHOICE: the forward allocates its flags unzeroed, for "
                          f"one segment, got {FEW_PROGRAMS_CHOICE.segments}")

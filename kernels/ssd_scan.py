@@ -50,12 +50,12 @@ CHOICES = tuple(Choice(h, o, p, w) for h in HEADS for o in OCCUPANCIES for p in 
 
 # The rules' pick (rules_choice): one head and Mamba-2's whole headdim per program; two programs
 # per SM (RULES_CHOICE), but where the grid has at most one program per SM, for the dtypes of
-# FEW_PROGRAMS_DTYPES, one program per SM of the segmented kernel in one segment
-# (FEW_PROGRAMS_CHOICE), whose token-block step tileiras makes shorter than the kernel's without
-# segments (measured for 16-bit inputs; at one segment no flag or handed-on state is touched);
-# DECISIONS.md "ssd_scan: program"
+# FEW_PROGRAMS_DTYPES, one program per SM of eight worker warps (FEW_PROGRAMS_CHOICE), whose
+# token-block step is shorter (measured for 16-bit inputs; float32's state tile spills with
+# eight). The segmented kernel in one segment is faster there still, but tileiras 13.4 crashes
+# compiling it now and then (SIGSEGV): not ruled; DECISIONS.md "ssd_scan: program"
 RULES_CHOICE = Choice(1, 2, 64, None)
-FEW_PROGRAMS_CHOICE = Choice(1, 1, 64, None, 1)
+FEW_PROGRAMS_CHOICE = Choice(1, 1, 64, 8)
 FEW_PROGRAMS_DTYPES = ("bfloat16", "float16")
 # a token block's last dA_cumsum is the minimum of its tile (a reduction, no load) in programs
 # of these worker warps (the compiler's count) on these inputs, loaded in the others (eight
@@ -427,17 +427,6 @@ def ssd_scan_choices(x, B) -> list[Choice]:
     return found
 
 
-def _rules_launch_choice(x, B, dt_out, seg, initial_states, D, check_D: bool,
-                         sm_count) -> Choice:
-    """The rules' choice for a launch, but RULES_CHOICE where they pick the segmented kernel
-    and the launch has seq_idx, initial states and a D it checks: tileiras 13.4 crashes
-    compiling that (SIGSEGV, sm_90)."""
-    choice = rules_choice(launch_dims(x, B, dt_out), sm_count)
-    if choice.segments and check_D and None not in (seg, initial_states, D):
-        return RULES_CHOICE
-    return choice
-
-
 def scan_scratch(x, B, choice: Choice) -> dict:
     """{name: shape} of the arrays a launch of the segmented kernel hands its states on
     through ({} for the kernel without segments): `passed`, float32, the state leaving each
@@ -473,8 +462,7 @@ def ssd_scan_launches(x, B, C, dt_out, dA_cumsum, initial_states, D, z, seg, y, 
     """
     batch, _, nheads, headdim = (int(s) for s in x.shape)
     given = choice is not None
-    choice = choice or _rules_launch_choice(x, B, dt_out, seg, initial_states, D, check_D,
-                                            sm_count)
+    choice = rules_choice(launch_dims(x, B, dt_out), sm_count) if choice is None else choice
     if choice not in ssd_scan_choices(x, B):
         raise ValueError(f"{'choice' if given else 'rules choice'}: {choice} is not one that "
                          f"ssd_scan can run on this shape ({ssd_scan_choices.__name__})")
@@ -530,9 +518,8 @@ def ssd_scan(x, B, C, dt_out, dA_cumsum, D=None, z=None, initial_states=None, se
         return dims
 
     def launches(a, backend, errors):
-        launched = choice or _rules_launch_choice(a["x"], a["B"], a["dt_out"], a["seg"],
-                                                  a["initial_states"], a["D"], True,
-                                                  backend.sm_count)
+        launched = choice or rules_choice(launch_dims(a["x"], a["B"], a["dt_out"]),
+                                          backend.sm_count)
         # the flags zeroed where a segment waits (one segment reads neither array)
         scratch = scan_scratch(a["x"], a["B"], launched)
         passed = backend.empty(scratch["passed"]) if scratch else None

@@ -302,14 +302,13 @@ def test_every_kernel_object_is_compiled_with_every_option():
             # a packed row runs with int32 indices only (its launches refuse 2^31 elements)
             assert values == {False}, f"{name}: {param} compiled as {values}"
         elif param == "LAST_BY_MIN":
-            # ssd_scan's: both on the rules' object, only on the few programs' (16-bit inputs,
-            # both at the compiler's warp count: LAST_BY_MIN_WARPS)
-            assert values == ({False, True} if name == "_ssd_scan" else {True}), (
+            # ssd_scan's: both on the object at the compiler's warp count, never on the one of
+            # eight worker warps (LAST_BY_MIN_WARPS)
+            assert values == ({False, True} if name == "_ssd_scan" else {False}), (
                 f"{name}: {param} compiled as {values}")
         elif param == "SEGMENTED":
-            # ssd_scan's segmented kernel runs on the few programs' object, never on the rules'
-            assert values == ({False} if name == "_ssd_scan" else {True}), (
-                f"{name}: {param} compiled as {values}")
+            # ssd_scan's segmented kernel runs on declared choices only, never the rules'
+            assert values == {False}, f"{name}: {param} compiled as {values}"
         else:
             assert values == {False, True}, f"{name}: {param} only compiled as {values}"
 

@@ -112,7 +112,7 @@ def test_the_forward_takes_the_scan_where_its_grid_fills_the_gpu(dims, dtype, ru
     pytest.param(Dims(1, 16384, 80, 64, 1, 128, 256), "float16", True, id="long_seq_fp16"),
     pytest.param(Dims(4, 4096, 80, 64, 1, 128, 256), "float16", False, id="mamba2_2p7b_fp16"),
 ])
-def test_a_16_bit_grid_of_one_program_per_sm_or_fewer_runs_the_segmented_kernel(dims, dtype, few):
+def test_a_16_bit_grid_of_one_program_per_sm_or_fewer_runs_eight_worker_warps(dims, dtype, few):
     expected = FEW_PROGRAMS_CHOICE if few else RULES_CHOICE
     assert rules_choice(LaunchDims(dims, dtype), H200_SMS) == expected
 
@@ -153,32 +153,15 @@ def test_the_segmented_kernel_needs_its_arrays():
     inputs, _ = _stage_inputs(CASES[0])
     args = (inputs["x"], inputs["B"], inputs["C"], inputs["dt_out"], inputs["dA_cumsum"], None,
             None, None, None, inputs["x"], np.zeros((2, 4, 64, 64), np.float32), 1)
+    one = Choice(1, 1, 64, None, 1)
     with pytest.raises(ValueError, match="^passed: .* takes passed of shape"):
-        ssd_scan_launches(*args, FEW_PROGRAMS_CHOICE)
+        ssd_scan_launches(*args, one)
     passed = np.zeros((2, 4, 1, 64, 64), np.float32)
     for ready in (np.zeros((2, 4, 1, 2), np.int32), np.zeros((2, 4, 1, 1), np.float32)):
         with pytest.raises(ValueError, match="^ready: .* int32"):
-            ssd_scan_launches(*args, FEW_PROGRAMS_CHOICE, passed=passed, ready=ready)
-    assert ssd_scan_launches(*args, FEW_PROGRAMS_CHOICE, passed=passed,
+            ssd_scan_launches(*args, one, passed=passed, ready=ready)
+    assert ssd_scan_launches(*args, one, passed=passed,
                              ready=np.zeros((2, 4, 1, 1), np.int32))
-
-
-def test_a_launch_tileiras_cannot_compile_segmented_runs_the_rules_choice():
-    """Where the rules pick the segmented kernel for a launch with seq_idx, initial states and
-    a D it checks (the standalone scan's), they run RULES_CHOICE: tileiras 13.4 crashes compiling
-    that; without any of the three, or unchecked (the forward's), the segmented kernel."""
-    from kernels.launches import Slot
-    from kernels.ssd_scan import _rules_launch_choice
-    dims = Dims(1, 16384, 80, 64, 1, 128, 256)
-    a = {n: Slot(n, dims.shape(n), "bfloat16" if n in ("x", "B") else "float32")
-         for n in ("x", "B", "dt_out", "initial_states")}
-    seg, D = Slot("seg", dims.shape("seq_idx"), "int32"), Slot("D", (80,), "float32")
-    rules = lambda *given, check_D=True: _rules_launch_choice(
-        a["x"], a["B"], a["dt_out"], *given, check_D, H200_SMS)
-    assert rules(seg, a["initial_states"], D) == RULES_CHOICE
-    assert rules(seg, a["initial_states"], D, check_D=False) == FEW_PROGRAMS_CHOICE
-    for given in ((None, a["initial_states"], D), (seg, None, D), (seg, a["initial_states"], None)):
-        assert rules(*given) == FEW_PROGRAMS_CHOICE
 
 
 def test_bad_arguments_are_refused_by_name_before_any_launch():
