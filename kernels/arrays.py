@@ -103,8 +103,7 @@ class Backend:
         `copies` copied C-contiguous (the plan found the kernels cannot read them in place);
         seq_idx's segment ids as "seg", or, for a packed row (`offsets`: its seqlen, the
         offsets' bound), `cu_seqlens` as int32 offsets; and `outputs` allocated: (name, shape,
-        like_x) each, in x's dtype where like_x is True, int32 where it is "int32", else
-        float32."""
+        like_x) each, in x's dtype where like_x, else float32."""
         arrays = dict(inputs)
         for name in copies:
             arrays[name] = self._contiguous(arrays[name])
@@ -113,10 +112,7 @@ class Backend:
         else:
             arrays["cu_seqlens"] = self.offsets_int32(cu_seqlens, offsets)
         for name, shape, like_x in outputs:
-            if like_x == "int32":
-                arrays[name] = self.empty(shape, dtype="int32")
-            else:
-                arrays[name] = self.empty(shape, like=arrays["x"] if like_x else None)
+            arrays[name] = self.empty(shape, like=arrays["x"] if like_x else None)
         return arrays
 
     def empty(self, shape: tuple[int, ...], like=None, dtype: str | None = None):

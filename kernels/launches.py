@@ -17,8 +17,7 @@ from kernels.arrays import needs_int64
 from kernels.chunk_cumsum import chunk_cumsum_launch
 from kernels.compute_out import compute_out_launch
 from kernels.fwd_pass_state import fwd_pass_state_launches, in_order_programs
-from kernels.ssd_scan import (FEW_PROGRAMS_CHOICE, SCAN_MAX_DSTATE, scan_fits, scan_runs,
-                              scan_scratch, ssd_scan_launches)
+from kernels.ssd_scan import SCAN_MAX_DSTATE, scan_fits, scan_runs, ssd_scan_launches
 from kernels.ssd_varlen import ssd_varlen_launches
 
 # On the GPU an even batch that runs the three kernels (not the scan) runs as BATCH_PARTS slices
@@ -45,8 +44,6 @@ ROUTE_MODES = {"chunks_in_order": "in_order", "chunks_parallel": "parallel_chunk
 # ForwardArrays' inputs in its order (seq_idx as its segment ids) and outputs
 FORWARD_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seg")
 FORWARD_OUTPUTS = ("dt_out", "dA_cumsum", "chunk_states", "final_states", "y")
-# the segmented scan's arrays (kernels.ssd_scan.scan_scratch), allocated where it runs
-SCAN_SCRATCH = ("passed", "ready")
 
 
 @dataclass(frozen=True)
@@ -73,20 +70,17 @@ class ForwardArrays:
     final_states: Any
     y: Any
     errors: Any = None
-    passed: Any = None
-    ready: Any = None
 
     # every array but A, D and dt_bias is batch-first (the inputs may be strided views)
     BATCH_FIRST = ("x", "dt", "B", "C", "z", "initial_states", "seg", "dt_out", "dA_cumsum",
-                   "chunk_states", "final_states", "y", "passed", "ready")
+                   "chunk_states", "final_states", "y")
 
     @classmethod
     def of(cls, arrays: dict, dt_softplus: bool, dt_limit: tuple[float, float]) -> ForwardArrays:
         """The forward of a call's arrays by name (absent ones None; "errors": the error
         word)."""
         return cls(*(arrays.get(n) for n in FORWARD_INPUTS), dt_softplus, dt_limit,
-                   *(arrays.get(n) for n in FORWARD_OUTPUTS), errors=arrays.get("errors"),
-                   **{n: arrays.get(n) for n in SCAN_SCRATCH})
+                   *(arrays.get(n) for n in FORWARD_OUTPUTS), errors=arrays.get("errors"))
 
     def batch_slice(self, lo: int, hi: int) -> ForwardArrays:
         """The forward of batch elements lo..hi-1: views of the batch-first arrays."""
@@ -169,19 +163,6 @@ class Slot:
                     (lo, hi))
 
 
-def scan_scratch_outputs(dims: Dims) -> tuple:
-    """(name, shape, like_x) of the segmented scan's arrays as the forward's rules launch it
-    (FEW_PROGRAMS_CHOICE: one segment, so the flags are never read and need no zeroing)."""
-    if not FEW_PROGRAMS_CHOICE.segments:  # the kernel without segments: none
-        return ()
-    if FEW_PROGRAMS_CHOICE.segments != 1:  # more would wait on flags the plan never zeroes
-        raise ValueError(f"FEW_PROGRAMS_CHOICE: the forward allocates its flags unzeroed, for "
-                         f"one segment, got {FEW_PROGRAMS_CHOICE.segments}")
-    shapes = scan_scratch(Slot("x", dims.shape("x"), "float32"),
-                          Slot("B", dims.shape("B"), "float32"), FEW_PROGRAMS_CHOICE)
-    return (("passed", shapes["passed"], False), ("ready", shapes["ready"], "int32"))
-
-
 def call_launches(dims: Dims, layouts: dict, outputs: dict, *, kind: str, sm_count: int,
                   num_seqs: int | None, dt_softplus: bool, dt_limit: tuple[float, float],
                   tuned=None, route: str | None = None,
@@ -204,9 +185,6 @@ def call_launches(dims: Dims, layouts: dict, outputs: dict, *, kind: str, sm_cou
     for name, (shape, dtype) in outputs.items():
         slots[name] = Slot(name, shape, dtype)
     slots["errors"] = Slot("errors", (1,), "int32")
-    if num_seqs is None:  # the plan allocates them where a launch takes them
-        for name, shape, like_x in scan_scratch_outputs(dims):
-            slots[name] = Slot(name, shape, "int32" if like_x == "int32" else "float32")
     arrays = ForwardArrays.of(slots, dt_softplus, dt_limit)
     if num_seqs is not None:
         return [varlen_launches(arrays, Slot("cu_seqlens", (num_seqs + 1,), "int32"),
@@ -274,7 +252,7 @@ def forward_launches(arrays: ForwardArrays, sm_count, tuned=None, *,
                              f"and indexes in int32, got dstate {int(a.B.shape[3])} "
                              f"({'int64' if needs_int64(*scan_arrays) else 'int32'} indices)")
         return [cumsum, *ssd_scan_launches(*scan_arrays, sm_count, errors=a.errors,
-                                           check_D=False, passed=a.passed, ready=a.ready)]
+                                           check_D=False)]
     return [
         cumsum,
         *fwd_pass_state_launches(a.x, a.B, a.dt_out, a.dA_cumsum, a.initial_states, a.seg,

@@ -11,8 +11,8 @@ from typing import Any
 from contract import check_seq_idx_of_offsets, check_vector_values, cu_seqlens_values
 from kernels import tuning_table
 from kernels.call import INPUTS, Call, Options, validate
-from kernels.launches import (FORWARD_OUTPUTS, SCAN_SCRATCH, ForwardArrays, ForwardPart, Slot,
-                              call_launches, forward_parts)
+from kernels.launches import (FORWARD_OUTPUTS, ForwardArrays, ForwardPart, Slot, call_launches,
+                              forward_parts)
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,7 @@ def build(call: Call) -> Plan:
                    ("varlen_states", (num_seqs, dims.nheads, dims.headdim, dims.dstate), False))
     launches = call_launches(
         dims, args.layouts,
-        {name: (shape, "int32" if like_x == "int32" else dtype if like_x else "float32")
-         for name, shape, like_x in outputs},
+        {name: (shape, dtype if like_x else "float32") for name, shape, like_x in outputs},
         kind=backend.kind, sm_count=backend.sm_count, num_seqs=num_seqs,
         dt_softplus=options.dt_softplus, dt_limit=options.dt_limit,
         tuned=tuning_table.table(backend) if num_seqs is None else None, route=options.route,
@@ -119,13 +118,7 @@ def build(call: Call) -> Plan:
                         for kernel, grid, values in part) for part in launches)
     needs = tuple(dict.fromkeys((name, rows) for part in parts for launch in part
                                 for _, name, rows in launch.arrays))
-    # the segmented scan's arrays, as its launch takes them: states float32, flags int32
-    scratch = {a.name: a for part in launches for _, _, values in part for a in values
-               if isinstance(a, Slot) and a.name in SCAN_SCRATCH}
-    outputs += tuple((name, (dims.batch, *a.shape[1:]), "int32" if a.dtype == "int32" else False)
-                     for name, a in scratch.items())
-    # the outputs the launches write (the scan takes no chunk_states; the segmented scan's
-    # arrays only where it runs), y and final_states always
+    # the outputs the launches write (the scan takes no chunk_states), y and final_states always
     needed = {name for name, _ in needs} | {"y", "final_states"}
     outputs = tuple(output for output in outputs if output[0] in needed)
     on_host = (backend.kind == "numpy" if options.check_values is None

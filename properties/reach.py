@@ -42,8 +42,7 @@ from kernels.arrays import Backend, LaunchDims, index_dtype, needs_int64
 from kernels.compute_out import BLOCK_TS, OCCUPANCIES, compute_out_choices, compute_out_launch
 from kernels.fwd_pass_state import MODES, fwd_pass_state_launches
 from kernels.fwd_pass_state import rules_choice as fwd_pass_state_rules
-from kernels.launches import (ROUTES, ForwardArrays, part_launches, scan_scratch_outputs,
-                              varlen_launches)
+from kernels.launches import ROUTES, ForwardArrays, part_launches, varlen_launches
 from kernels.ssd_scan import OCCUPANCIES as SCAN_OCCUPANCIES
 from kernels.ssd_scan import WORKER_WARPS as SCAN_WORKER_WARPS
 from kernels.ssd_scan import scan_scratch, ssd_scan_choices, ssd_scan_launches
@@ -297,9 +296,7 @@ def _arrays(d: Dims, opts: dict, activations: str = "float32") -> ForwardArrays:
         w("initial_states") if opts.get("initial_states") else None,
         _Stand(d.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
         opts.get("softplus", False), opts.get("dt_limit", (0.0, math.inf)), s("dt_out"),
-        s("dA_cumsum"), s("chunk_states"), s("final_states"), a("y"), _Stand((1,), "int32"),
-        **{name: _Stand(shape, "int32" if like_x == "int32" else "float32")
-           for name, shape, like_x in scan_scratch_outputs(d)})
+        s("dA_cumsum"), s("chunk_states"), s("final_states"), a("y"), _Stand((1,), "int32"))
 
 
 def kind_launches(kind: str, d: Dims, opts: dict, sm_count: int, params=None) -> list:
@@ -377,8 +374,7 @@ def _narrow_launches(kind: str, d: Dims, opts: dict, sm_count: int) -> list:
                     a.final_states, sm_count, choice)]
     if kind == "ssd_scan_alone":
         scan = _scan_arrays(a)
-        return [] if needs_int64(*scan) else ssd_scan_launches(
-            *scan, sm_count, errors=a.errors, passed=a.passed, ready=a.ready)
+        return [] if needs_int64(*scan) else ssd_scan_launches(*scan, sm_count, errors=a.errors)
     if kind == "compute_out_alone":
         return [compute_out_launch(*a.compute_out_arrays(), sm_count, errors=a.errors)]
     return []

@@ -34,7 +34,7 @@ from kernels.compute_out import Choice as OutChoice
 from kernels.compute_out import compute_out_launch
 from kernels.call import STATE_DTYPES
 from kernels.launches import (ForwardArrays, part_launches, rules_batch_parts,
-                              scan_scratch_outputs, varlen_launches)
+                              varlen_launches)
 from kernels.ssd_scan import Choice as ScanChoice
 from kernels.ssd_scan import ssd_scan_launches
 
@@ -93,12 +93,6 @@ CONFIGS = [
     ("no_options_chunk256", Dims(1, 300, 4, 64, 1, 100, 256), dict()),
     ("all_options_chunk256_bf16", Dims(2, 1000, 8, 64, 2, 128, 256),
      dict(ALL_OPTIONS, dtype="bfloat16")),
-    # the standalone scan's few programs with D, z and initial states: the segmented kernel
-    # (with seq_idx too, the rules' one: _rules_launch_choice)
-    ("options_but_seq_idx_chunk256_bf16", Dims(2, 1000, 8, 64, 2, 128, 256),
-     dict(ALL_OPTIONS, seq_idx=False, dtype="bfloat16")),
-    ("seq_idx_z_chunk256_fp16", Dims(1, 700, 4, 64, 1, 128, 256),
-     dict(seq_idx="arbitrary", z=True, dtype="float16")),
     ("no_options_chunk256_bf16", Dims(1, 300, 4, 64, 1, 100, 256), dict(dtype="bfloat16")),
     # dstate 256 at chunk 256: the two kernels where the scan runs elsewhere (one SM), so
     # fwd_pass_state runs in order in 128-token products (its two-per-SM object)
@@ -128,7 +122,6 @@ CONFIGS = [
 STANDALONE_COMPUTE_OUT = ("all_options_chunk128", "options_but_seq_idx_chunk256",
                           "int64_all_options_chunk256", "mamba2_2p7b_chunk256",
                           "no_options_chunk256", "all_options_chunk256_bf16",
-                          "options_but_seq_idx_chunk256_bf16", "seq_idx_z_chunk256_fp16",
                           "no_options_chunk256_bf16", "all_options_chunk256_bf16_float32_states",
                           "all_options_chunk256_fp16")
 
@@ -182,8 +175,7 @@ def config_launches(dims: Dims, opts: dict, sm_count: int, split: bool = True,
                 arrays.initial_states, arrays.D, arrays.z, arrays.seg, arrays.y,
                 arrays.final_states)
         if not needs_int64(*scan):
-            plans.append(ssd_scan_launches(*scan, sm_count, errors=arrays.errors,
-                                           passed=arrays.passed, ready=arrays.ready))
+            plans.append(ssd_scan_launches(*scan, sm_count, errors=arrays.errors))
     return [launch for launches in plans for launch in launches]
 
 
@@ -203,9 +195,7 @@ def stand_in_arrays(dims: Dims, opts: dict) -> ForwardArrays:
         ArraySpec(dims.shape("seq_idx"), "int32") if opts.get("seq_idx") else None,
         opts.get("dt_softplus", False), opts.get("dt_limit", (0.0, math.inf)),
         a("dt_out"), a("dA_cumsum"), a("chunk_states"), a("final_states"), a("y"),
-        ArraySpec((1,), "int32"),  # the error word (kernels.errors)
-        **{name: ArraySpec(shape, "int32" if like_x == "int32" else "float32")
-           for name, shape, like_x in scan_scratch_outputs(dims)})
+        ArraySpec((1,), "int32"))  # the error word (kernels.errors)
 
 
 def packed_launches(dims: Dims, num_seqs: int, opts: dict) -> list:
