@@ -980,10 +980,10 @@ def scatter(array, indices, value, /, *, mask=None, check_bounds=True, latency=N
 
 
 def _atomic_elements(array, indices, values, check_bounds, what):
-    """(the in-bounds elements' index tuples, their values) of an element-wise atomic: indices
-    a tuple of one integer tile or scalar per axis (or one for a 1-d array), broadcast together
-    with `values`; out-of-bounds elements are skipped with check_bounds, an IndexError
-    without; and the shape of the result."""
+    """(the in-bounds elements' index tuples, their positions in the flattened result, the
+    values flattened, the result's shape) of an element-wise atomic: indices a tuple of one
+    integer tile or scalar per axis (or one for a 1-d array), broadcast together with `values`;
+    out-of-bounds elements are skipped with check_bounds, an IndexError without."""
     if not isinstance(indices, tuple):
         indices = (indices,)
     if len(indices) != array.ndim:
@@ -1008,8 +1008,24 @@ def _address(array, at: tuple) -> int:
 
 
 _ACQUIRING = (ct.MemoryOrder.ACQUIRE, ct.MemoryOrder.ACQ_REL)
-SPINS = 1000  # failed relaxed compare-and-swaps on one element before the spin is refused
 _RELEASING = (ct.MemoryOrder.RELEASE, ct.MemoryOrder.ACQ_REL)
+SPINS = 1000  # failed relaxed compare-and-swaps on one element before the spin is refused
+
+
+def _read_modify_write(what, array, indices, update, check_bounds, memory_order, combine):
+    """Element-wise atomic array[indices] = combine(old, update): the old values (0 for
+    skipped out-of-bounds elements). A store of the program; a releasing order publishes its
+    stores to an acquire that reads the new value."""
+    ats, keep, values, shape = _atomic_elements(array, indices, as_storage(update, array.dtype),
+                                                check_bounds, what)
+    _state.note_store()
+    old = np.zeros(values.shape, dtype=array._a.dtype)
+    for k, at in zip(keep, ats):
+        old[k] = array._a[at]
+        array._a[at] = combine(old[k], values[k])
+        if memory_order in _RELEASING:
+            _state.release(_address(array, at))
+    return Tile(old.reshape(shape), array.dtype)
 
 
 def atomic_or(array, indices, update, /, *, check_bounds=True,
@@ -1022,14 +1038,8 @@ def atomic_or(array, indices, update, /, *, check_bounds=True,
     array = _array(array, "atomic_or")
     if not is_integral(array.dtype):
         raise TypeError(f"atomic_or: needs an integer array, got {array.dtype}")
-    ats, keep, values, shape = _atomic_elements(array, indices, as_storage(update, array.dtype),
-                                                check_bounds, "atomic_or")
-    _state.note_store()
-    old = np.zeros(values.shape, dtype=array._a.dtype)
-    for k, at in zip(keep, ats):
-        old[k] = array._a[at]
-        array._a[at] |= values[k]
-    return Tile(old.reshape(shape), array.dtype)
+    return _read_modify_write("atomic_or", array, indices, update, check_bounds, memory_order,
+                              lambda old, new: old | new)
 
 
 def atomic_xchg(array, indices, update, /, *, check_bounds=True,
@@ -1037,17 +1047,8 @@ def atomic_xchg(array, indices, update, /, *, check_bounds=True,
     """Element-wise atomic exchange: array[indices] = update, the old values returned (0 for
     skipped out-of-bounds elements). A releasing order publishes the program's stores to an
     acquire that reads the new value."""
-    array = _array(array, "atomic_xchg")
-    ats, keep, values, shape = _atomic_elements(array, indices, as_storage(update, array.dtype),
-                                                check_bounds, "atomic_xchg")
-    _state.note_store()
-    old = np.zeros(values.shape, dtype=array._a.dtype)
-    for k, at in zip(keep, ats):
-        old[k] = array._a[at]
-        array._a[at] = values[k]
-        if memory_order in _RELEASING:
-            _state.release(_address(array, at))
-    return Tile(old.reshape(shape), array.dtype)
+    return _read_modify_write("atomic_xchg", _array(array, "atomic_xchg"), indices, update,
+                              check_bounds, memory_order, lambda old, new: new)
 
 
 def atomic_cas(array, indices, expected, desired, /, *, check_bounds=True,
